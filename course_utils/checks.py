@@ -126,7 +126,7 @@ def compare(got: Any, expected: Any, atol: float, rtol: float) -> tuple[bool, st
         if not isinstance(got, (tuple, list)) or len(got) != len(expected):
             return False, f"expected a {_describe(expected)}, got {_describe(got)}"
         details = []
-        for i, (g, e) in enumerate(zip(got, expected)):
+        for i, (g, e) in enumerate(zip(got, expected, strict=True)):
             ok, detail = compare(g, e, atol, rtol)
             if not ok:
                 return False, f"item {i}: {detail}"

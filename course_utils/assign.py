@@ -1,0 +1,104 @@
+"""``course assign``: generate the student notebooks in ``exercises/`` from ``solutions/``.
+
+Each ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` region becomes nbgrader's stub
+(``# YOUR CODE HERE`` + ``raise NotImplementedError()``, same indentation); outputs are cleared;
+the nbgrader cell metadata is kept, and the notebook records which lesson it is for the grader.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import re
+from pathlib import Path
+
+import nbformat
+
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+CODE_STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")
+MARKDOWN_STUB = "YOUR ANSWER HERE"
+
+
+class AssignError(ValueError):
+    """A solutions notebook whose markers or metadata are malformed."""
+
+
+def strip_solution(source: str, cell_type: str, where: str) -> str:
+    """Replace every solution region of one cell's source by the stub."""
+    out: list[str] = []
+    inside = False
+    for line in source.split("\n"):
+        stripped = line.strip()
+        if stripped == BEGIN:
+            if inside:
+                raise AssignError(f"{where}: nested {BEGIN}")
+            inside = True
+            indent = line[: len(line) - len(line.lstrip())]
+            if cell_type == "code":
+                out += [indent + s for s in CODE_STUB]
+            else:
+                out.append(indent + MARKDOWN_STUB)
+        elif stripped == END:
+            if not inside:
+                raise AssignError(f"{where}: {END} without {BEGIN}")
+            inside = False
+        elif not inside:
+            out.append(line)
+    if inside:
+        raise AssignError(f"{where}: {BEGIN} without {END}")
+    return "\n".join(out)
+
+
+def lesson_of(path: Path) -> str:
+    if not re.fullmatch(r"\d\d_[a-z0-9_]+", path.stem):
+        raise AssignError(f"{path.name}: lesson notebooks are named NN_topic.ipynb")
+    return path.stem
+
+
+def generate(solution: nbformat.NotebookNode, lesson: str) -> nbformat.NotebookNode:
+    """The exercise notebook for one solutions notebook (a new object; the input is not changed)."""
+    nb = copy.deepcopy(solution)
+    seen: set[str] = set()
+    for index, cell in enumerate(nb.cells):
+        where = f"{lesson} cell {index}"
+        grader = cell.metadata.get("nbgrader")
+        if grader:
+            grade_id = grader.get("grade_id")
+            if not grade_id or grade_id in seen:
+                raise AssignError(f"{where}: nbgrader cells need a unique grade_id, got {grade_id!r}")
+            seen.add(grade_id)
+        if BEGIN in cell.source:
+            if not (grader and grader.get("solution")):
+                raise AssignError(f"{where}: a cell with {BEGIN} needs nbgrader metadata with solution: true")
+            cell.source = strip_solution(cell.source, cell.cell_type, where)
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+        cell.metadata.pop("execution", None)
+    nb.metadata["course"] = {"lesson": lesson, "kind": "exercise"}
+    return nb
+
+
+def write_all(solutions: Path, exercises: Path) -> list[Path]:
+    """Regenerate ``exercises/`` from every ``solutions/NN_topic.ipynb``; return the files written."""
+    exercises.mkdir(parents=True, exist_ok=True)
+    written = []
+    for src in sorted(solutions.glob("*.ipynb")):
+        nb = generate(nbformat.read(src, as_version=4), lesson_of(src))
+        dest = exercises / src.name
+        nbformat.write(nb, dest)
+        written.append(dest)
+    return written
+
+
+def main(args: argparse.Namespace) -> int:
+    root = Path(args.root)
+    for path in write_all(root / "solutions", root / "exercises"):
+        print(f"wrote {path.relative_to(root) if path.is_relative_to(root) else path}")
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("assign", help="generate exercises/ from solutions/ (solution regions become stubs)")
+    p.add_argument("--root", default=".", help="course folder holding solutions/ and exercises/ (default: .)")
+    p.set_defaults(func=main)

@@ -1,0 +1,71 @@
+"""``course run``: execute lessons headless, record mode and device, optionally store the outputs.
+
+This is how the stored outputs of ``notebooks/`` and ``solutions/`` are made, and how a lecturer
+pre-runs the course on a GPU server before class.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient.exceptions import CellExecutionError, CellTimeoutError
+
+from course_utils import runtime
+from course_utils.notebook_exec import execute, make_client
+
+
+def run_notebook(path: Path, mode: str, inplace: bool, cell_timeout: int) -> dict:
+    """Execute one notebook in ``mode``; return a row of the summary table."""
+    nb = nbformat.read(path, as_version=4)
+    env = {"COURSE_MODE": mode, "TQDM_DISABLE": "1"}
+    client = make_client(nb, path.parent.resolve(), cell_timeout=cell_timeout, env=env)
+    start = time.perf_counter()
+    status = "ok"
+    try:
+        execute(client)
+    except CellTimeoutError:
+        status = "timeout"
+    except CellExecutionError as exc:
+        status = "error: " + (str(exc).strip().splitlines() or ["?"])[-1][:120]
+    seconds = time.perf_counter() - start
+    device = str(runtime.device())
+    if status == "ok":
+        nb.metadata["course"] = {**nb.metadata.get("course", {}), "mode": mode, "device": device}
+        if inplace:
+            nbformat.write(nb, path)
+    return {"notebook": str(path), "mode": mode, "device": device, "seconds": seconds, "status": status}
+
+
+def print_table(rows: list[dict]) -> None:
+    width = max([len("notebook")] + [len(r["notebook"]) for r in rows])
+    print(f"{'notebook':<{width}}  {'mode':<5}  {'device':<6}  {'seconds':>8}  status")
+    for r in rows:
+        print(f"{r['notebook']:<{width}}  {r['mode']:<5}  {r['device']:<6}  {r['seconds']:>8.1f}  {r['status']}")
+
+
+def main(args: argparse.Namespace) -> int:
+    mode = args.mode or runtime.mode()
+    if mode not in runtime.MODES:
+        raise SystemExit(f"--mode must be one of {', '.join(runtime.MODES)}, got {mode!r}")
+    if args.inplace and mode == "smoke":
+        raise SystemExit("stored outputs must come from a cpu or gpu run; use --mode cpu or --mode gpu")
+    missing = [p for p in args.notebooks if not Path(p).is_file()]
+    if missing:
+        raise SystemExit(f"no such notebook: {', '.join(missing)}")
+    os.environ["COURSE_MODE"] = mode  # so runtime.device()/mode() below agree with the kernels
+    rows = [run_notebook(Path(p), mode, args.inplace, args.cell_timeout) for p in args.notebooks]
+    print_table(rows)
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="execute notebooks headless (and store their outputs with --inplace)")
+    p.add_argument("notebooks", nargs="+", metavar="NOTEBOOK")
+    p.add_argument("--mode", choices=runtime.MODES, help="run mode (default: COURSE_MODE or by hardware)")
+    p.add_argument("--inplace", action="store_true", help="write the executed notebook back (not in smoke mode)")
+    p.add_argument("--cell-timeout", type=int, default=1800, help="seconds per cell (default 1800)")
+    p.set_defaults(func=main)
