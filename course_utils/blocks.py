@@ -1,0 +1,139 @@
+"""The parts of a Transformer block besides attention: the position-wise feed-forward network,
+LayerNorm and RMSNorm written out from their formulas, and the block that joins them with
+residual connections in the post-LN (2017, BERT) or pre-LN (GPT-2 onward) order.
+
+Shapes: ``B`` batch, ``T`` sequence length, ``D`` model width (``d_model``), ``F`` hidden width
+of the feed-forward network (``d_ff``, 4·D by default).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
+
+
+def _check_activation(activation: str) -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation={activation!r} is not known; use one of {', '.join(ACTIVATIONS)}")
+
+
+def feedforward_parameter_count(d_model: int, d_ff: int | None = None, activation: str = "gelu",
+                                bias: bool = True) -> int:
+    """Trainable parameters of ``FeedForward(d_model, d_ff, activation, bias)`` by formula.
+
+    ReLU/GELU: two matrices, 2·D·F (+ F + D biases). SwiGLU: three matrices, 3·D·F (+ 2F + D).
+    With F = 4D and biases that is 8D² + 5D, the MLP's share of a GPT-2 block.
+    """
+    _check_activation(activation)
+    d_ff = 4 * d_model if d_ff is None else d_ff
+    n_in = 2 if activation == "swiglu" else 1  # SwiGLU has a gate matrix next to W_in
+    weights = (n_in + 1) * d_model * d_ff
+    biases = (n_in * d_ff + d_model) if bias else 0
+    return weights + biases
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward network: D -> F -> D with a nonlinearity in between.
+
+    The same ``W_in``/``W_out`` act on every token separately, so tokens are never mixed here
+    (only attention mixes them). ``"swiglu"`` computes ``W_out(silu(W_gate x) * W_in x)``.
+    """
+
+    def __init__(self, d_model: int, d_ff: int | None = None, activation: str = "gelu",
+                 bias: bool = True, dropout: float = 0.0) -> None:
+        super().__init__()
+        _check_activation(activation)
+        if d_model <= 0 or (d_ff is not None and d_ff <= 0):
+            raise ValueError(f"d_model={d_model} and d_ff={d_ff} must be positive")
+        self.d_model = d_model
+        self.d_ff = 4 * d_model if d_ff is None else d_ff
+        self.activation = activation
+        self.W_in = nn.Linear(d_model, self.d_ff, bias=bias)
+        if activation == "swiglu":
+            self.W_gate = nn.Linear(d_model, self.d_ff, bias=bias)
+        self.W_out = nn.Linear(self.d_ff, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., D) -> (..., F): the activations after the nonlinearity (the "neurons")."""
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"FeedForward expects inputs with last dimension d_model={self.d_model}, "
+                             f"got shape {tuple(x.shape)}")
+        h = self.W_in(x)
+        if self.activation == "relu":
+            return F.relu(h)
+        if self.activation == "gelu":
+            return F.gelu(h)
+        if self.activation == "gelu_tanh":
+            return F.gelu(h, approximate="tanh")
+        return F.silu(self.W_gate(x)) * h
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., D) -> (..., D)."""
+        return self.dropout(self.W_out(self.hidden(x)))
+
+
+def _check_last_dim(name: str, x: torch.Tensor, d: int) -> None:
+    if x.shape[-1] != d:
+        raise ValueError(f"{name} was built for vectors of size d={d} but got input of shape "
+                         f"{tuple(x.shape)}; normalise over the last axis, or build {name}({x.shape[-1]})")
+
+
+class LayerNorm(nn.Module):
+    """LN(x)_i = γ_i (x_i − μ) / √(σ² + ε) + β_i, with μ and σ² taken over each token's D features.
+
+    σ² is the biased variance (divide by D), as in ``torch.nn.LayerNorm``; ε sits inside the root.
+    """
+
+    def __init__(self, d: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        if d <= 0 or eps < 0:
+            raise ValueError(f"LayerNorm needs d > 0 and eps >= 0, got d={d}, eps={eps}")
+        self.d, self.eps = d, eps
+        self.gamma = nn.Parameter(torch.ones(d))
+        self.beta = nn.Parameter(torch.zeros(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., D) -> (..., D): every token standardised, then scaled by γ and shifted by β."""
+        _check_last_dim("LayerNorm", x, self.d)
+        mu = x.mean(dim=-1, keepdim=True)
+        var = (x - mu).pow(2).mean(dim=-1, keepdim=True)
+        return self.gamma * (x - mu) / torch.sqrt(var + self.eps) + self.beta
+
+    def extra_repr(self) -> str:
+        return f"{self.d}, eps={self.eps}"
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm(x)_i = γ_i x_i / √(mean_j x_j² + ε): no mean subtracted, no shift β."""
+
+    def __init__(self, d: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        if d <= 0 or eps < 0:
+            raise ValueError(f"RMSNorm needs d > 0 and eps >= 0, got d={d}, eps={eps}")
+        self.d, self.eps = d, eps
+        self.gamma = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., D) -> (..., D)."""
+        _check_last_dim("RMSNorm", x, self.d)
+        return self.gamma * x / torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.d}, eps={self.eps}"
+
+
+def block_parameter_count(d_model: int, d_ff: int | None = None, activation: str = "gelu",
+                          bias: bool = True) -> int:
+    """Trainable parameters of one ``TransformerBlock`` (H·d_k = D) by formula.
+
+    Attention: W_Q, W_K, W_V, W_O are D×D (4D² + 4D biases); two LayerNorms: 4D; the MLP as in
+    ``feedforward_parameter_count``. GPT-2's layout (F = 4D, GELU, biases) gives 12D² + 13D.
+    """
+    attention = 4 * d_model * d_model + (4 * d_model if bias else 0)
+    norms = 2 * 2 * d_model
+    return attention + norms + feedforward_parameter_count(d_model, d_ff, activation, bias)
+
