@@ -1,0 +1,83 @@
+"""The exercise pipeline: exercises/ is exactly what `course assign` makes of solutions/."""
+
+import filecmp
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from course_utils import assign
+
+ROOT = Path(__file__).resolve().parent.parent
+ANSWER = {"grade": False, "solution": True, "locked": False, "grade_id": "f", "schema_version": 3}
+
+
+def test_exercises_are_in_sync_with_solutions(tmp_path):
+    written = assign.write_all(ROOT / "solutions", tmp_path)
+    assert written, "no solutions found"
+    generated = sorted(p.name for p in written)
+    committed = sorted(p.name for p in (ROOT / "exercises").glob("*.ipynb"))
+    assert generated == committed, "exercises/ and solutions/ hold different lessons: run `course assign`"
+    for name in generated:
+        same = filecmp.cmp(tmp_path / name, ROOT / "exercises" / name, shallow=False)
+        assert same, f"exercises/{name} differs from what `course assign` generates: run it, never edit by hand"
+
+
+def test_solution_region_becomes_an_indented_stub():
+    source = "def f(x):\n    y = 1\n    ### BEGIN SOLUTION\n    return x + y\n    ### END SOLUTION\n"
+    stub = assign.strip_solution(source, "code", "test")
+    assert stub == "def f(x):\n    y = 1\n    # YOUR CODE HERE\n    raise NotImplementedError()\n"
+
+
+def test_markdown_answers_become_placeholders():
+    stub = assign.strip_solution("Why?\n### BEGIN SOLUTION\nBecause.\n### END SOLUTION", "markdown", "t")
+    assert stub == "Why?\nYOUR ANSWER HERE"
+
+
+@pytest.mark.parametrize("source, message", [
+    ("### BEGIN SOLUTION\nx = 1\n", "without ### END"),
+    ("x = 1\n### END SOLUTION\n", "without ### BEGIN"),
+    ("### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION\n", "nested"),
+])
+def test_malformed_markers_are_reported(source, message):
+    with pytest.raises(assign.AssignError, match=message):
+        assign.strip_solution(source, "code", "cell 3")
+
+
+def test_generate_clears_outputs_keeps_metadata_and_names_the_lesson():
+    cell = new_code_cell("def f(x):\n    ### BEGIN SOLUTION\n    return x\n    ### END SOLUTION",
+                         metadata={"nbgrader": dict(ANSWER)}, execution_count=2)
+    cell.outputs = [nbformat.v4.new_output("stream", text="hi\n")]
+    nb = new_notebook(cells=[new_markdown_cell("# L"), cell])
+    nb.metadata["course"] = {"mode": "cpu", "device": "cpu"}
+    out = assign.generate(nb, "03_topic")
+    assert out.metadata["course"] == {"lesson": "03_topic", "kind": "exercise"}
+    assert out.cells[1].outputs == [] and out.cells[1].execution_count is None
+    assert out.cells[1].metadata["nbgrader"] == ANSWER
+    assert "raise NotImplementedError()" in out.cells[1].source
+    assert "return x" in nb.cells[1].source, "the solutions notebook itself must not change"
+
+
+def test_solution_markers_need_nbgrader_metadata_and_unique_ids():
+    bare = new_notebook(cells=[new_code_cell("### BEGIN SOLUTION\nx = 1\n### END SOLUTION")])
+    with pytest.raises(assign.AssignError, match="solution: true"):
+        assign.generate(bare, "01_x")
+    twice = new_notebook(cells=[new_code_cell("x = 1", metadata={"nbgrader": dict(ANSWER)}),
+                                new_code_cell("y = 1", metadata={"nbgrader": dict(ANSWER)})])
+    with pytest.raises(assign.AssignError, match="unique grade_id"):
+        assign.generate(twice, "01_x")
+
+
+def test_course_assign_command_writes_exercises(tmp_path):
+    from course_utils.cli import main
+
+    (tmp_path / "solutions").mkdir()
+    nb = new_notebook(cells=[new_code_cell("### BEGIN SOLUTION\nx = 1\n### END SOLUTION",
+                                           metadata={"nbgrader": dict(ANSWER)})])
+    nbformat.write(nb, tmp_path / "solutions" / "05_demo.ipynb")
+    assert main(["assign", "--root", str(tmp_path)]) == 0
+    out = nbformat.read(tmp_path / "exercises" / "05_demo.ipynb", as_version=4)
+    assert out.cells[0].source == "# YOUR CODE HERE\nraise NotImplementedError()"
+    with pytest.raises(assign.AssignError, match="NN_topic"):
+        assign.lesson_of(Path("setup.ipynb"))

@@ -1,0 +1,90 @@
+"""The checks that exercise cells use: verdicts, one-line messages, hints, strict mode."""
+
+import pytest
+import torch
+from einops import rearrange
+
+from course_utils import checks
+from course_utils.checks import PASS, Case, check, compare
+
+
+def test_reference_passes_every_registered_exercise():
+    from course_utils import exercises  # noqa: F401
+
+    assert checks.REGISTRY
+    for name, ex in checks.REGISTRY.items():
+        result = checks.run(name, ex.reference, seed=123)
+        assert result.status == PASS, result.report()
+
+
+def test_fresh_seeds_give_fresh_inputs_with_stable_labels():
+    a, b = checks.draw("flatten_tokens", 1), checks.draw("flatten_tokens", 2)
+    assert [c.label for c in a] == [c.label for c in b]
+    assert not torch.equal(a[-1].args[0], b[-1].args[0])
+
+
+def test_not_attempted_is_reported_not_raised(capsys):
+    def stub(x):
+        raise NotImplementedError()
+
+    check.flatten_tokens(stub)
+    out = capsys.readouterr().out
+    assert out.strip() == "flatten_tokens: not attempted yet (the function still raises NotImplementedError)"
+
+
+def test_wrong_answer_gets_one_line_per_case_with_a_hint(capsys):
+    check.pairwise_dots(lambda a, b: torch.einsum("btd,bsd->bst", a, b), seed=0)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "pairwise_dots: 1/3 cases passed (some cases failed)"
+    assert len(lines) == 4
+    assert "expected shape (2, 3, 5), got (2, 5, 3)" in lines[2] and "hint:" in lines[2]
+
+
+def test_exceptions_become_one_line(capsys):
+    check.mean_over_time(lambda x: x.sum() / 0 if x.numel() > 1 else 1 / 0)
+    out = capsys.readouterr().out
+    assert "raised ZeroDivisionError: division by zero" in out and "Traceback" not in out
+
+
+def test_answers_cannot_corrupt_the_reference_inputs():
+    def vandal(x):
+        x.zero_()
+        return rearrange(x, "b t d -> (b t) d")
+
+    result = checks.run("flatten_tokens", vandal, seed=5)
+    assert result.passed == 0, "zeroing the input must not zero the reference's copy"
+
+
+def test_strict_mode_raises_a_one_line_error(monkeypatch, capsys):
+    monkeypatch.setenv("COURSE_CHECKS_STRICT", "1")
+    with pytest.raises(checks.CheckFailed) as info:
+        check.flatten_tokens(lambda x: x)
+    assert info.value._render_traceback_() == [f"CheckFailed: {info.value}"]
+    check.flatten_tokens(checks.get("flatten_tokens").reference)  # a pass raises nothing
+
+
+def test_unknown_exercise_lists_the_known_ones():
+    with pytest.raises(KeyError, match="flatten_tokens"):
+        check.no_such_exercise
+
+
+@pytest.mark.parametrize("got, expected, ok, text", [
+    (torch.ones(2, 3), torch.ones(2, 3), True, "max error within"),
+    (torch.ones(3, 2), torch.ones(2, 3), False, "expected shape (2, 3), got (3, 2)"),
+    (torch.ones(2) + 0.1, torch.ones(2), False, "max error 0.1"),
+    ([1, 2], torch.ones(2), False, "expected a tensor of shape (2,), got list"),
+    (torch.tensor([True, False]), torch.tensor([True, True]), False, "1 of 2 entries differ"),
+    (torch.tensor([float("nan")]), torch.tensor([1.0]), False, "NaN"),
+    ((torch.ones(1), 2), (torch.ones(1), 3), False, "item 1: expected 3, got 2"),
+    (0.30000001, 0.3, True, "within"),
+    ("a", "b", False, "expected 'b'"),
+])
+def test_compare(got, expected, ok, text):
+    verdict, detail = compare(got, expected, atol=1e-5, rtol=1e-4)
+    assert verdict is ok and text in detail, detail
+
+
+def test_case_labels_are_strings():
+    for name in checks.REGISTRY:
+        for case in checks.draw(name, 0):
+            assert isinstance(case, Case) and case.label and "tensor(" not in case.label

