@@ -1,0 +1,271 @@
+"""Scaled dot-product attention, masks, one attention head and multi-head attention.
+
+Shapes: B batch, H heads, T queries, S keys/values, D = d_model, d_k / d_v per-head widths.
+Masks are boolean with True = may attend (as in ``torch.nn.functional.scaled_dot_product_attention``)
+or additive floats (0 = keep, -inf = block), broadcastable to ``(..., T, S)``.
+A query whose every key is masked gets all-zero weights and a zero output (never NaN), which is
+also what PyTorch's own kernel returns.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import nn
+
+IMPLS = ("loop", "batched", "fused")
+
+
+def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """exp(x) / sum exp(x) along ``dim``, computed as exp(x - max) so large scores cannot overflow.
+
+    A slice that is entirely -inf (every key masked) gives zeros instead of 0/0 = NaN.
+    """
+    x_max = x.amax(dim=dim, keepdim=True)
+    x_max = torch.where(x_max == float("-inf"), torch.zeros_like(x_max), x_max)
+    e = torch.exp(x - x_max)
+    total = e.sum(dim=dim, keepdim=True)
+    return e / torch.where(total == 0, torch.ones_like(total), total)
+
+
+def causal_mask(T: int, S: int | None = None, device: torch.device | str | None = None) -> torch.Tensor:
+    """(T, S) boolean mask, True where query t may see key s, i.e. s <= t + S - T.
+
+    Aligned bottom-right: with S > T (keys of earlier tokens held in a KV cache) the last query
+    sees every key. ``S`` defaults to ``T``, which gives the usual lower-triangular mask.
+    """
+    S = T if S is None else S
+    if T < 0 or S < 0:
+        raise ValueError(f"causal_mask needs non-negative sizes, got T={T}, S={S}")
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)
+
+
+def padding_mask(lengths: torch.Tensor | list[int], max_len: int) -> torch.Tensor:
+    """(B, S=max_len) boolean mask, True at the first ``lengths[b]`` positions (the real tokens).
+
+    To mask keys in attention scores of shape (B, H, T, S) use ``padding_mask(...)[:, None, None, :]``.
+    """
+    lengths = torch.as_tensor(lengths)
+    if lengths.ndim != 1 or lengths.is_floating_point():
+        raise ValueError(f"lengths must be a 1-D list or tensor of integers, got shape {tuple(lengths.shape)}"
+                         f" and dtype {lengths.dtype}")
+    if len(lengths) and (int(lengths.min()) < 0 or int(lengths.max()) > max_len):
+        raise ValueError(f"lengths must lie in [0, max_len={max_len}], got {lengths.tolist()}; "
+                         "raise max_len to the longest sequence")
+    return torch.arange(max_len, device=lengths.device) < lengths[:, None]
+
+
+def _check_mask(mask: torch.Tensor, scores_shape: torch.Size) -> None:
+    if mask.dtype != torch.bool and not mask.is_floating_point():
+        raise TypeError(f"mask has dtype {mask.dtype}; use a bool mask (True = may attend) "
+                        "or a float mask added to the scores (0 = keep, -inf = block)")
+    try:
+        shape = torch.broadcast_shapes(mask.shape, scores_shape)
+    except RuntimeError:
+        shape = None
+    if shape != scores_shape:
+        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to the scores' shape "
+                         f"{tuple(scores_shape)} (..., T, S); give it trailing dims (T, S), (1, S) or "
+                         "(B, 1, 1, S) for a padding mask")
+
+
+def _combine(mask: torch.Tensor | None, causal: bool, T: int, S: int, device: torch.device,
+             dtype: torch.dtype) -> torch.Tensor | None:
+    """One mask from an optional user mask and the causal flag (bool stays bool, float stays float)."""
+    if not causal:
+        return mask
+    tri = causal_mask(T, S, device=device)
+    if mask is None or mask.dtype == torch.bool:
+        return tri if mask is None else mask & tri
+    return torch.where(tri, mask.to(dtype), float("-inf"))
+
+
+def scaled_dot_product_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+    causal: bool = False, *, dropout_p: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q kᵀ / √d_k + mask) v, returning ``(out (..., T, d_v), weights (..., T, S))``.
+
+    q (..., T, d_k), k (..., S, d_k), v (..., S, d_v). ``causal`` adds the bottom-right causal mask.
+    ``dropout_p`` drops attention weights (training only); the weights returned are the ones used.
+    """
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must share their last dim d_k: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must hold the same number of positions S: k {tuple(k.shape)}, "
+                         f"v {tuple(v.shape)}")
+    try:
+        batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"leading (batch, head) dims do not broadcast: q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}") from None
+    T, S = q.shape[-2], k.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., T, S)
+    if mask is not None:
+        _check_mask(mask, torch.Size((*batch, T, S)))
+    mask = _combine(mask, causal, T, S, q.device, scores.dtype)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    weights = softmax(scores, dim=-1)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)
+    return weights @ v, weights
+
+
+def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """(B, T, H·d) -> (B, H, T, d): the columns of each head become their own slice."""
+    if x.shape[-1] % n_heads:
+        raise ValueError(f"last dim {x.shape[-1]} is not divisible by n_heads={n_heads}")
+    return rearrange(x, "... t (h d) -> ... h t d", h=n_heads)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, T, d) -> (B, T, H·d): concatenate the heads' outputs side by side (the inverse of split)."""
+    if x.ndim < 3:
+        raise ValueError(f"merge_heads expects (..., H, T, d), got shape {tuple(x.shape)}")
+    return rearrange(x, "... h t d -> ... t (h d)")
+
+
+def _check_input(x: torch.Tensor, d_model: int) -> None:
+    if x.ndim != 3 or x.shape[-1] != d_model:
+        raise ValueError(f"expected x of shape (B, T, d_model={d_model}), got {tuple(x.shape)}; "
+                         "add a batch axis with x[None] for a single sequence")
+
+
+class SelfAttentionHead(nn.Module):
+    """One attention head: q = x W_Q, k = x W_K, v = x W_V, then softmax(q kᵀ/√d_k) v.
+
+    Maps (B, T, D) to (B, T, d_v); a separate W_O brings d_v back to D.
+    """
+
+    def __init__(self, d_model: int, d_k: int, d_v: int | None = None, bias: bool = True) -> None:
+        super().__init__()
+        self.d_model, self.d_k, self.d_v = d_model, d_k, d_v or d_k
+        self.W_Q = nn.Linear(d_model, d_k, bias=bias)
+        self.W_K = nn.Linear(d_model, d_k, bias=bias)
+        self.W_V = nn.Linear(d_model, self.d_v, bias=bias)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                causal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T, D) -> (out (B, T, d_v), weights (B, T, T))."""
+        _check_input(x, self.d_model)
+        return scaled_dot_product_attention(self.W_Q(x), self.W_K(x), self.W_V(x), mask, causal)
+
+
+class Cache(Protocol):
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class KVCache:
+    """Keys and values of the tokens seen so far, (B, H, S, d) each; ``update`` appends and returns all."""
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else self.k.shape[-2]
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append k (B, H, S_new, d_k), v (B, H, S_new, d_v); return the keys and values of all tokens."""
+        if self.k is None:
+            self.k, self.v = k, v
+        else:
+            self.k, self.v = torch.cat([self.k, k], dim=-2), torch.cat([self.v, v], dim=-2)
+        return self.k, self.v
+
+
+class MultiHeadAttention(nn.Module):
+    """m heads, each with its own slice W_Q^i, W_K^i, W_V^i of W_Q, W_K, W_V; concat(H_1..H_m) W_O.
+
+    W_Q, W_K: D -> H·d_k, W_V: D -> H·d_v, W_O: H·d_v -> D. d_k = d_v = D / H unless given.
+    The three ``impl`` paths compute the same function with the same parameters:
+    ``"loop"`` one head at a time (the lecture notes), ``"batched"`` all heads in one matmul,
+    ``"fused"`` PyTorch's fused kernel (fastest, returns no weights).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_k: int | None = None, d_v: int | None = None,
+                 bias: bool = True, dropout: float = 0.0) -> None:
+        super().__init__()
+        if n_heads < 1:
+            raise ValueError(f"n_heads must be at least 1, got {n_heads}")
+        if (d_k is None or d_v is None) and d_model % n_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}; pick a number of "
+                             "heads that divides d_model, or pass d_k and d_v explicitly")
+        self.d_model, self.n_heads = d_model, n_heads
+        self.d_k = d_k or d_model // n_heads
+        self.d_v = d_v or d_model // n_heads
+        self.dropout = dropout
+        self.W_Q = nn.Linear(d_model, n_heads * self.d_k, bias=bias)
+        self.W_K = nn.Linear(d_model, n_heads * self.d_k, bias=bias)
+        self.W_V = nn.Linear(d_model, n_heads * self.d_v, bias=bias)
+        self.W_O = nn.Linear(n_heads * self.d_v, d_model, bias=bias)
+
+    def head_projections(self, x: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q_i (B, T, d_k), k_i (B, T, d_k), v_i (B, T, d_v) of head i: its rows of W_Q, W_K, W_V."""
+        if not 0 <= i < self.n_heads:
+            raise IndexError(f"head index {i} out of range for n_heads={self.n_heads}")
+
+        def project(layer: nn.Linear, width: int) -> torch.Tensor:
+            rows = slice(i * width, (i + 1) * width)
+            bias = None if layer.bias is None else layer.bias[rows]
+            return F.linear(x, layer.weight[rows], bias)
+
+        return project(self.W_Q, self.d_k), project(self.W_K, self.d_k), project(self.W_V, self.d_v)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False,
+                need_weights: bool = False, impl: str = "batched",
+                kv_cache: Cache | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T, D) -> out (B, T, D), or (out, weights (B, H, T, S)) with ``need_weights``.
+
+        ``mask`` broadcasts to (B, H, T, S); a 3-D mask is read as (B, T, S) and shared by the heads.
+        With ``kv_cache`` the new keys/values are appended to the cache and the T new queries attend
+        to all S cached positions (a causal mask stays aligned bottom-right).
+        """
+        if impl not in IMPLS:
+            raise ValueError(f"impl={impl!r} is unknown; use one of {', '.join(IMPLS)}")
+        if impl == "fused" and need_weights:
+            raise ValueError("the fused kernel does not return attention weights; use impl='batched'")
+        if impl == "loop" and kv_cache is not None:
+            raise ValueError("impl='loop' recomputes every head from x and takes no kv_cache; "
+                             "use impl='batched' or 'fused'")
+        _check_input(x, self.d_model)
+        if mask is not None and mask.ndim == 3:
+            mask = mask[:, None]
+        p = self.dropout if self.training else 0.0
+        if impl == "loop":
+            B, T = x.shape[:2]
+            if mask is not None:
+                _check_mask(mask, torch.Size((B, self.n_heads, T, T)))
+            heads, weights = [], []
+            for i in range(self.n_heads):
+                mask_i = mask[:, min(i, mask.shape[1] - 1)] if mask is not None and mask.ndim == 4 else mask
+                h_i, w_i = scaled_dot_product_attention(*self.head_projections(x, i), mask_i, causal,
+                                                        dropout_p=p)  # (B, T, d_v), (B, T, T)
+                heads.append(h_i)
+                weights.append(w_i)
+            out = self.W_O(torch.cat(heads, dim=-1))  # concat(H_1..H_m) (B, T, H·d_v) @ W_O
+            return (out, torch.stack(weights, dim=1)) if need_weights else out
+
+        q = split_heads(self.W_Q(x), self.n_heads)  # (B, H, T, d_k)
+        k = split_heads(self.W_K(x), self.n_heads)
+        v = split_heads(self.W_V(x), self.n_heads)
+        if kv_cache is not None:
+            k, v = kv_cache.update(k, v)  # (B, H, S, d)
+        if impl == "fused":
+            T, S = q.shape[-2], k.shape[-2]
+            if mask is not None:
+                _check_mask(mask, torch.Size((*q.shape[:-2], T, S)))
+            if causal and mask is None and T == S:
+                h = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+            else:
+                full = _combine(mask, causal, T, S, x.device, q.dtype)
+                h = F.scaled_dot_product_attention(q, k, v, attn_mask=full, dropout_p=p)
+            return self.W_O(merge_heads(h))
+        h, weights = scaled_dot_product_attention(q, k, v, mask, causal, dropout_p=p)
+        out = self.W_O(merge_heads(h))
+        return (out, weights) if need_weights else out

@@ -1,0 +1,407 @@
+"""course_utils.attention: softmax, masks, scaled dot-product attention and multi-head attention.
+
+Parity is checked against PyTorch (``torch.softmax``, ``F.scaled_dot_product_attention``,
+``nn.MultiheadAttention``) on random inputs; max abs error ≤ 1e-5 in float32.
+"""
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from course_utils.attention import (
+    KVCache,
+    MultiHeadAttention,
+    SelfAttentionHead,
+    causal_mask,
+    merge_heads,
+    padding_mask,
+    scaled_dot_product_attention,
+    softmax,
+    split_heads,
+)
+
+TOL = 1e-5
+BATCHES, LENGTHS = (1, 3), (1, 4, 7)
+# (d_model, n_heads, d_k, d_v): odd widths, one head, and per-head widths that differ from D / H
+WIDTHS = [(15, 3, None, None), (7, 1, None, None), (16, 4, None, None), (10, 3, 4, 6)]
+
+
+def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).detach().abs().max()) if a.numel() else 0.0
+
+
+def gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def random_lengths(B: int, T: int, g: torch.Generator) -> torch.Tensor:
+    """At least one real token per row, so no query is left without keys."""
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[0] = T
+    return lengths
+
+
+# --- softmax ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_softmax_matches_torch(dim):
+    x = torch.randn(3, 5, 7, generator=gen())
+    assert max_err(softmax(x, dim=dim), torch.softmax(x, dim=dim)) <= TOL
+
+
+def test_softmax_is_stable_for_large_scores():
+    x = torch.tensor([[1000.0, 1001.0, 1002.0], [-1000.0, -1001.0, -1002.0]])
+    got = softmax(x)
+    assert torch.isfinite(got).all()
+    assert max_err(got, torch.softmax(x.double(), dim=-1).float()) <= TOL
+    # the naive formula overflows: exp(1000) = inf, inf / inf = NaN
+    assert torch.isnan(x.exp() / x.exp().sum(-1, keepdim=True)).any()
+
+
+def test_softmax_fully_masked_row_is_zero():
+    x = torch.tensor([[0.0, 1.0], [float("-inf"), float("-inf")]])
+    got = softmax(x)
+    assert torch.equal(got[1], torch.zeros(2))
+    assert max_err(got[0], torch.softmax(x[0], -1)) <= TOL
+
+
+# --- masks -----------------------------------------------------------------------------------------
+
+
+def test_causal_mask_square_is_lower_triangular():
+    assert torch.equal(causal_mask(4), torch.ones(4, 4, dtype=torch.bool).tril())
+
+
+@pytest.mark.parametrize("T,S", [(1, 5), (3, 5), (5, 5), (4, 2)])
+def test_causal_mask_is_bottom_right_aligned(T, S):
+    m = causal_mask(T, S)
+    assert m.shape == (T, S) and m.dtype == torch.bool
+    for t, s in itertools.product(range(T), range(S)):
+        assert bool(m[t, s]) == (s <= t + S - T)
+    assert bool(m[-1].all())  # the last query sees every key
+
+
+def test_causal_mask_rejects_negative_sizes():
+    with pytest.raises(ValueError, match="non-negative"):
+        causal_mask(-1)
+
+
+def test_padding_mask():
+    m = padding_mask([3, 1, 0], 4)
+    expected = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.bool)
+    assert torch.equal(m, expected)
+    assert torch.equal(padding_mask(torch.tensor([2]), 2), torch.ones(1, 2, dtype=torch.bool))
+
+
+def test_padding_mask_errors():
+    with pytest.raises(ValueError, match="raise max_len"):
+        padding_mask([5], 4)
+    with pytest.raises(ValueError, match=r"\[0, max_len"):
+        padding_mask([-1], 4)
+    with pytest.raises(ValueError, match="1-D list or tensor of integers"):
+        padding_mask(torch.tensor([[1, 2]]), 4)
+    with pytest.raises(ValueError, match="integers"):
+        padding_mask(torch.tensor([1.5]), 4)
+
+
+# --- scaled dot-product attention ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("B,T,S", [(1, 1, 1), (2, 3, 5), (3, 7, 7), (2, 5, 2)])
+@pytest.mark.parametrize("kind", ["none", "causal", "bool", "float", "padding"])
+def test_sdpa_matches_torch(B, T, S, kind):
+    g = gen(B * 100 + T * 10 + S)
+    H, d_k, d_v = 2, 5, 3
+    q = torch.randn(B, H, T, d_k, generator=g)
+    k = torch.randn(B, H, S, d_k, generator=g)
+    v = torch.randn(B, H, S, d_v, generator=g)
+    mask, causal = None, kind == "causal"
+    if kind == "bool":
+        mask = torch.rand(T, S, generator=g) > 0.3
+        mask[:, 0] = True  # every query keeps a key
+    elif kind == "float":
+        mask = torch.randn(B, 1, T, S, generator=g)
+    elif kind == "padding":
+        mask = padding_mask(random_lengths(B, S, g), S)[:, None, None, :]
+    out, weights = scaled_dot_product_attention(q, k, v, mask, causal)
+    ref_mask = causal_mask(T, S) if causal else mask
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=ref_mask)
+    assert out.shape == (B, H, T, d_v) and weights.shape == (B, H, T, S)
+    assert max_err(out, ref) <= TOL
+    # rows sum to one, except the queries a causal mask with T > S leaves with no key at all
+    alive = torch.ones(T) if ref_mask is None else ref_mask.any(-1).float()
+    assert max_err(weights.sum(-1), alive.expand(B, H, T)) <= TOL
+
+
+def test_sdpa_weights_by_hand():
+    q = torch.tensor([[1.0, 0.0]])
+    k = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    v = torch.tensor([[10.0], [20.0]])
+    out, w = scaled_dot_product_attention(q, k, v)
+    a = torch.tensor(1 / 2**0.5).exp()
+    assert max_err(w, torch.tensor([[a / (a + 1), 1 / (a + 1)]])) <= TOL
+    assert max_err(out, w @ v) <= TOL
+
+
+def test_sdpa_causal_combines_with_a_mask():
+    g = gen(3)
+    q, k, v = (torch.randn(2, 4, 3, generator=g) for _ in range(3))
+    pad = padding_mask([4, 2], 4)[:, None, :]  # (B, 1, S)
+    out, w = scaled_dot_product_attention(q, k, v, pad, causal=True)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=pad & causal_mask(4))
+    assert max_err(out, ref) <= TOL
+    assert (w[1, :, 2:] == 0).all() and (w.triu(1) == 0).all()
+    float_mask = torch.zeros(1, 4).masked_fill(~padding_mask([3], 4), float("-inf"))
+    out_f, _ = scaled_dot_product_attention(q, k, v, float_mask, causal=True)
+    ref_f = F.scaled_dot_product_attention(q, k, v, attn_mask=padding_mask([3], 4) & causal_mask(4))
+    assert max_err(out_f, ref_f) <= TOL
+
+
+def test_fully_masked_rows_give_zero_output_not_nan():
+    g = gen(4)
+    q, k, v = torch.randn(2, 3, 4, generator=g), torch.randn(2, 5, 4, generator=g), torch.randn(2, 5, 4, generator=g)
+    q.requires_grad_(True)
+    mask = torch.ones(3, 5, dtype=torch.bool)
+    mask[1] = False
+    out, w = scaled_dot_product_attention(q, k, v, mask)
+    assert torch.equal(w[:, 1], torch.zeros(2, 5)) and torch.equal(out[:, 1], torch.zeros(2, 4))
+    assert max_err(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask)) <= TOL
+    out.sum().backward()
+    assert torch.isfinite(q.grad).all()
+    # a causal mask with more queries than keys leaves the first T - S queries with nothing to see
+    out, w = scaled_dot_product_attention(q, k[:, :2], v[:, :2], causal=True)
+    assert torch.equal(out[:, 0], torch.zeros(2, 4)) and torch.isfinite(out).all()
+
+
+def test_sdpa_dropout_only_drops_weights():
+    g = gen(5)
+    q, k, v = (torch.randn(1, 6, 4, generator=g) for _ in range(3))
+    torch.manual_seed(0)
+    _, w = scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+    _, w0 = scaled_dot_product_attention(q, k, v)
+    dropped = w == 0
+    assert dropped.any() and max_err(w[~dropped], 2 * w0[~dropped]) <= TOL
+
+
+def test_sdpa_errors():
+    q, k, v = torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 6)
+    with pytest.raises(ValueError, match="share their last dim d_k"):
+        scaled_dot_product_attention(q, torch.randn(2, 5, 3), v)
+    with pytest.raises(ValueError, match="same number of positions S"):
+        scaled_dot_product_attention(q, k, torch.randn(2, 4, 6))
+    with pytest.raises(ValueError, match="do not broadcast"):
+        scaled_dot_product_attention(q, torch.randn(3, 5, 4), torch.randn(3, 5, 6))
+    with pytest.raises(ValueError, match=r"mask of shape \(5, 3\) does not broadcast"):
+        scaled_dot_product_attention(q, k, v, torch.ones(5, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="does not broadcast"):  # a mask may not add batch dims
+        scaled_dot_product_attention(q, k, v, torch.ones(4, 2, 3, 5, dtype=torch.bool))
+    with pytest.raises(TypeError, match="use a bool mask"):
+        scaled_dot_product_attention(q, k, v, torch.ones(3, 5, dtype=torch.long))
+
+
+# --- heads -----------------------------------------------------------------------------------------
+
+
+def test_split_and_merge_heads():
+    x = torch.arange(2 * 3 * 6).reshape(2, 3, 6)
+    h = split_heads(x, 3)
+    assert h.shape == (2, 3, 3, 2)
+    assert torch.equal(h[1, 2, 0], x[1, 0, 4:6])  # head 2 owns columns 4..5
+    assert torch.equal(merge_heads(h), x)
+    with pytest.raises(ValueError, match="not divisible by n_heads=4"):
+        split_heads(x, 4)
+    with pytest.raises(ValueError, match=r"expects \(..., H, T, d\)"):
+        merge_heads(torch.ones(3, 4))
+
+
+def test_self_attention_head_shapes_and_math():
+    torch.manual_seed(0)
+    head = SelfAttentionHead(6, d_k=4, d_v=3)
+    x = torch.randn(2, 5, 6)
+    out, w = head(x, causal=True)
+    assert out.shape == (2, 5, 3) and w.shape == (2, 5, 5)
+    q, k, v = head.W_Q(x), head.W_K(x), head.W_V(x)
+    scores = (q @ k.transpose(1, 2) / 2).masked_fill(~causal_mask(5), float("-inf"))
+    assert max_err(out, torch.softmax(scores, -1) @ v) <= TOL
+    with pytest.raises(ValueError, match=r"expected x of shape \(B, T, d_model=6\)"):
+        head(torch.randn(5, 6))
+
+
+def test_one_head_plus_W_O_is_multi_head_with_one_head():
+    torch.manual_seed(1)
+    head, W_O = SelfAttentionHead(8, d_k=8), nn.Linear(8, 8)
+    mha = MultiHeadAttention(8, 1)
+    with torch.no_grad():
+        for name in ("W_Q", "W_K", "W_V"):
+            getattr(mha, name).load_state_dict(getattr(head, name).state_dict())
+        mha.W_O.load_state_dict(W_O.state_dict())
+    x = torch.randn(3, 4, 8)
+    assert max_err(mha(x), W_O(head(x)[0])) <= TOL
+
+
+# --- multi-head attention --------------------------------------------------------------------------
+
+
+def mha_mask(kind: str, B: int, T: int, H: int, g: torch.Generator) -> tuple[torch.Tensor | None, bool]:
+    if kind == "causal":
+        return None, True
+    if kind == "padding":
+        return padding_mask(random_lengths(B, T, g), T)[:, None, None, :], False
+    if kind == "padding+causal":
+        return padding_mask(random_lengths(B, T, g), T)[:, None, None, :], True
+    if kind == "per-head":
+        m = torch.rand(B, H, T, T, generator=g) > 0.4
+        m[..., 0] = True
+        return m, False
+    if kind == "float 3d":
+        return torch.randn(B, T, T, generator=g), False
+    return None, False
+
+
+@pytest.mark.parametrize("B", BATCHES)
+@pytest.mark.parametrize("T", LENGTHS)
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("kind", ["none", "causal", "padding", "padding+causal", "per-head", "float 3d"])
+def test_loop_batched_and_fused_agree(B, T, width, kind):
+    d_model, H, d_k, d_v = width
+    g = gen(B + 10 * T + 100 * d_model)
+    torch.manual_seed(d_model)
+    mha = MultiHeadAttention(d_model, H, d_k=d_k, d_v=d_v).eval()
+    x = torch.randn(B, T, d_model, generator=g)
+    mask, causal = mha_mask(kind, B, T, H, g)
+    out_loop, w_loop = mha(x, mask, causal, need_weights=True, impl="loop")
+    out_batched, w_batched = mha(x, mask, causal, need_weights=True, impl="batched")
+    out_fused = mha(x, mask, causal, impl="fused")
+    assert out_loop.shape == (B, T, d_model) and w_loop.shape == (B, H, T, T)
+    assert max_err(out_loop, out_batched) <= TOL
+    assert max_err(w_loop, w_batched) <= TOL
+    assert max_err(out_fused, out_batched) <= TOL
+    assert torch.equal(mha(x, mask, causal), out_batched)
+
+
+def copy_into_torch(mha: MultiHeadAttention) -> nn.MultiheadAttention:
+    ref = nn.MultiheadAttention(mha.d_model, mha.n_heads, bias=mha.W_Q.bias is not None, batch_first=True)
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(torch.cat([mha.W_Q.weight, mha.W_K.weight, mha.W_V.weight]))
+        ref.out_proj.weight.copy_(mha.W_O.weight)
+        if mha.W_Q.bias is not None:
+            ref.in_proj_bias.copy_(torch.cat([mha.W_Q.bias, mha.W_K.bias, mha.W_V.bias]))
+            ref.out_proj.bias.copy_(mha.W_O.bias)
+    return ref.eval()
+
+
+@pytest.mark.parametrize("B", BATCHES)
+@pytest.mark.parametrize("T", LENGTHS)
+@pytest.mark.parametrize("d_model,H", [(15, 3), (7, 1), (16, 4)])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("kind", ["none", "causal", "padding"])
+@pytest.mark.parametrize("impl", ["loop", "batched"])
+def test_matches_torch_multihead_attention(B, T, d_model, H, bias, kind, impl):
+    g = gen(B + 10 * T + 100 * d_model)
+    torch.manual_seed(T)
+    mha = MultiHeadAttention(d_model, H, bias=bias).eval()
+    ref = copy_into_torch(mha)
+    x = torch.randn(B, T, d_model, generator=g)
+    kwargs, mask, causal = {}, None, kind == "causal"
+    if causal:
+        kwargs["attn_mask"] = ~causal_mask(T)  # PyTorch's module: True = blocked
+    if kind == "padding":
+        keep = padding_mask(random_lengths(B, T, g), T)
+        mask, kwargs["key_padding_mask"] = keep[:, None, None, :], ~keep
+    out, w = mha(x, mask, causal, need_weights=True, impl=impl)
+    ref_out, ref_w = ref(x, x, x, need_weights=True, average_attn_weights=True, **kwargs)
+    assert max_err(out, ref_out) <= TOL
+    assert max_err(w.mean(dim=1), ref_w) <= TOL
+    _, ref_w_heads = ref(x, x, x, need_weights=True, average_attn_weights=False, **kwargs)
+    assert max_err(w, ref_w_heads) <= TOL
+
+
+@pytest.mark.parametrize("d_model,H", [(8, 2), (12, 3), (768, 12)])
+def test_parameter_count(d_model, H):
+    n = sum(p.numel() for p in MultiHeadAttention(d_model, H).parameters())
+    assert n == 4 * d_model**2 + 4 * d_model
+    assert sum(p.numel() for p in MultiHeadAttention(d_model, H, bias=False).parameters()) == 4 * d_model**2
+
+
+def test_custom_head_widths_shapes():
+    mha = MultiHeadAttention(10, 3, d_k=4, d_v=6)
+    assert mha.W_Q.weight.shape == (12, 10) and mha.W_V.weight.shape == (18, 10)
+    assert mha.W_O.weight.shape == (10, 18)  # nn.Linear stores (out, in): W_O is (m·d_v × d) transposed
+
+
+def test_head_projections_are_slices_of_the_big_matrices():
+    torch.manual_seed(2)
+    mha = MultiHeadAttention(12, 3)
+    x = torch.randn(2, 5, 12)
+    q_all = split_heads(mha.W_Q(x), 3)
+    for i in range(3):
+        q_i, k_i, v_i = mha.head_projections(x, i)
+        assert max_err(q_i, q_all[:, i]) <= TOL and k_i.shape == v_i.shape == (2, 5, 4)
+    with pytest.raises(IndexError, match="out of range for n_heads=3"):
+        mha.head_projections(x, 3)
+
+
+@pytest.mark.parametrize("impl", ["batched", "fused"])
+def test_kv_cache_matches_full_causal_pass(impl):
+    torch.manual_seed(3)
+    mha = MultiHeadAttention(16, 4).eval()
+    x = torch.randn(2, 7, 16)
+    full = mha(x, causal=True, impl=impl)
+    cache = KVCache()
+    prompt = mha(x[:, :4], causal=True, impl=impl, kv_cache=cache)  # 4 tokens at once
+    steps = [mha(x[:, t:t + 1], causal=True, impl=impl, kv_cache=cache) for t in range(4, 7)]
+    assert len(cache) == 7 and cache.k.shape == (2, 4, 7, 4)
+    assert max_err(torch.cat([prompt, *steps], dim=1), full) <= TOL
+    # two new tokens at once against a cache of five: bottom-right causal alignment
+    cache = KVCache()
+    mha(x[:, :5], causal=True, impl=impl, kv_cache=cache)
+    assert max_err(mha(x[:, 5:], causal=True, impl=impl, kv_cache=cache), full[:, 5:]) <= TOL
+
+
+def test_dropout_active_only_in_training():
+    torch.manual_seed(4)
+    mha = MultiHeadAttention(8, 2, dropout=0.5)
+    x = torch.randn(2, 6, 8)
+    mha.train()
+    assert max_err(mha(x), mha.eval()(x)) > 1e-3
+    assert torch.equal(mha(x, impl="loop"), mha(x, impl="loop"))
+
+
+def test_fully_masked_padding_row_in_every_impl():
+    torch.manual_seed(5)
+    mha = MultiHeadAttention(8, 2).eval()
+    x = torch.randn(2, 3, 8)
+    mask = padding_mask([3, 0], 3)[:, None, None, :]  # the second sequence is all padding
+    outs = [mha(x, mask, impl=impl) for impl in ("loop", "batched", "fused")]
+    for out in outs:
+        assert torch.isfinite(out).all()
+        assert max_err(out[1], mha.W_O.bias.expand(3, 8)) <= TOL  # zero attention output, then + bias
+    assert max_err(outs[0], outs[1]) <= TOL and max_err(outs[2], outs[1]) <= TOL
+
+
+def test_multi_head_attention_errors():
+    with pytest.raises(ValueError, match="d_model=10 is not divisible by n_heads=3"):
+        MultiHeadAttention(10, 3)
+    with pytest.raises(ValueError, match="n_heads must be at least 1"):
+        MultiHeadAttention(8, 0)
+    mha = MultiHeadAttention(8, 2)
+    with pytest.raises(ValueError, match=r"expected x of shape \(B, T, d_model=8\), got \(2, 5, 6\)"):
+        mha(torch.randn(2, 5, 6))
+    with pytest.raises(ValueError, match=r"x\[None\]"):
+        mha(torch.randn(5, 8))
+    x = torch.randn(2, 5, 8)
+    for impl in ("loop", "batched", "fused"):
+        with pytest.raises(ValueError, match=r"mask of shape \(4, 4\) does not broadcast"):
+            mha(x, torch.ones(4, 4, dtype=torch.bool), impl=impl)
+    with pytest.raises(ValueError, match="does not broadcast"):
+        mha(x, torch.ones(2, 3, 5, 5, dtype=torch.bool), impl="loop")
+    with pytest.raises(ValueError, match="impl='bogus' is unknown"):
+        mha(x, impl="bogus")
+    with pytest.raises(ValueError, match="does not return attention weights"):
+        mha(x, need_weights=True, impl="fused")
+    with pytest.raises(ValueError, match="takes no kv_cache"):
+        mha(x, impl="loop", kv_cache=KVCache())
