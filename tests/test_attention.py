@@ -24,7 +24,7 @@ from course_utils.attention import (
 )
 
 TOL = 1e-5
-BATCHES, LENGTHS = (1, 3), (1, 4, 7)
+SIZES = [(1, 1), (3, 4), (2, 7)]  # (B, T): a single token, a batch, an odd length
 # (d_model, n_heads, d_k, d_v): odd widths, one head, and per-head widths that differ from D / H
 WIDTHS = [(15, 3, None, None), (7, 1, None, None), (16, 4, None, None), (10, 3, 4, 6)]
 
@@ -262,8 +262,7 @@ def mha_mask(kind: str, B: int, T: int, H: int, g: torch.Generator) -> tuple[tor
     return None, False
 
 
-@pytest.mark.parametrize("B", BATCHES)
-@pytest.mark.parametrize("T", LENGTHS)
+@pytest.mark.parametrize("B,T", SIZES)
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("kind", ["none", "causal", "padding", "padding+causal", "per-head", "float 3d"])
 def test_loop_batched_and_fused_agree(B, T, width, kind):
@@ -294,8 +293,7 @@ def copy_into_torch(mha: MultiHeadAttention) -> nn.MultiheadAttention:
     return ref.eval()
 
 
-@pytest.mark.parametrize("B", BATCHES)
-@pytest.mark.parametrize("T", LENGTHS)
+@pytest.mark.parametrize("B,T", SIZES)
 @pytest.mark.parametrize("d_model,H", [(15, 3), (7, 1), (16, 4)])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("kind", ["none", "causal", "padding"])
