@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from course_utils.attention import MultiHeadAttention
+
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
 
 
@@ -137,3 +139,31 @@ def block_parameter_count(d_model: int, d_ff: int | None = None, activation: str
     norms = 2 * 2 * d_model
     return attention + norms + feedforward_parameter_count(d_model, d_ff, activation, bias)
 
+
+
+class TransformerBlock(nn.Module):
+    """One Transformer layer: multi-head attention, then the feed-forward network, each wrapped in
+    a residual connection and a LayerNorm.
+
+    ``norm_first=True`` (pre-LN, GPT-2 onward): x + attn(norm1(x)), then x + ffn(norm2(x)); the
+    residual stream itself is never normalised. ``norm_first=False`` (post-LN, 2017 "Add & Norm",
+    BERT): norm1(x + attn(x)), then norm2(x + ffn(x)).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int | None = None, activation: str = "gelu",
+                 norm_first: bool = True, eps: float = 1e-5, bias: bool = True, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.norm_first = norm_first
+        self.attn = MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout)
+        self.norm1 = LayerNorm(d_model, eps)
+        self.ffn = FeedForward(d_model, d_ff, activation, bias, dropout)
+        self.norm2 = LayerNorm(d_model, eps)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False,
+                kv_cache=None) -> torch.Tensor:
+        """(B, T, D) -> (B, T, D). ``mask``/``causal``/``kv_cache`` go to the attention."""
+        if self.norm_first:
+            x = x + self.attn(self.norm1(x), mask=mask, causal=causal, kv_cache=kv_cache)
+            return x + self.ffn(self.norm2(x))
+        x = self.norm1(x + self.attn(x, mask=mask, causal=causal, kv_cache=kv_cache))
+        return self.norm2(x + self.ffn(x))

@@ -9,6 +9,7 @@ from course_utils.blocks import (
     FeedForward,
     LayerNorm,
     RMSNorm,
+    TransformerBlock,
     block_parameter_count,
     feedforward_parameter_count,
 )
@@ -156,3 +157,160 @@ def test_block_parameter_formula():
     for d in (8, 64, 768):
         assert block_parameter_count(d) == 12 * d * d + 13 * d
     assert block_parameter_count(768) == 7_087_872
+
+
+# ---------------------------------------------------------------- TransformerBlock
+
+def test_block_parameter_count_gpt2_layout():
+    for d, h in [(16, 2), (48, 4), (64, 8)]:
+        block = TransformerBlock(d, h)
+        assert n_params(block) == 12 * d * d + 13 * d == block_parameter_count(d)
+    assert n_params(TransformerBlock(16, 2, activation="swiglu", bias=False)) == \
+        block_parameter_count(16, activation="swiglu", bias=False)
+
+
+def test_block_submodules():
+    block = TransformerBlock(16, 4, norm_first=False, eps=1e-6, activation="relu")
+    assert isinstance(block.norm1, LayerNorm) and block.norm1.eps == 1e-6
+    assert isinstance(block.ffn, FeedForward) and block.ffn.activation == "relu"
+    assert block.attn.n_heads == 4
+
+
+def _torch_layer(block: TransformerBlock, norm_first: bool) -> torch.nn.TransformerEncoderLayer:
+    d = block.norm1.d
+    ref = torch.nn.TransformerEncoderLayer(d, block.attn.n_heads, dim_feedforward=block.ffn.d_ff, dropout=0.0,
+                                           activation="gelu", batch_first=True, norm_first=norm_first)
+    a = block.attn
+    with torch.no_grad():
+        ref.self_attn.in_proj_weight.copy_(torch.cat([a.W_Q.weight, a.W_K.weight, a.W_V.weight]))
+        ref.self_attn.in_proj_bias.copy_(torch.cat([a.W_Q.bias, a.W_K.bias, a.W_V.bias]))
+        ref.self_attn.out_proj.weight.copy_(a.W_O.weight)
+        ref.self_attn.out_proj.bias.copy_(a.W_O.bias)
+        ref.linear1.weight.copy_(block.ffn.W_in.weight)
+        ref.linear1.bias.copy_(block.ffn.W_in.bias)
+        ref.linear2.weight.copy_(block.ffn.W_out.weight)
+        ref.linear2.bias.copy_(block.ffn.W_out.bias)
+        for ours, theirs in [(block.norm1, ref.norm1), (block.norm2, ref.norm2)]:
+            theirs.weight.copy_(ours.gamma)
+            theirs.bias.copy_(ours.beta)
+    return ref.eval()
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_block_matches_torch_encoder_layer(norm_first):
+    torch.manual_seed(0)
+    block = TransformerBlock(32, 4, norm_first=norm_first).eval()
+    with torch.no_grad():  # non-trivial γ, β so the norms are really compared
+        for norm in (block.norm1, block.norm2):
+            norm.gamma.add_(0.3 * torch.randn(32))
+            norm.beta.add_(0.3 * torch.randn(32))
+    ref = _torch_layer(block, norm_first)
+    x = torch.randn(3, 7, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(block(x), ref(x), atol=1e-5, rtol=1e-5)
+        causal = torch.nn.Transformer.generate_square_subsequent_mask(7)
+        torch.testing.assert_close(block(x, causal=True), ref(x, src_mask=causal, is_causal=True),
+                                   atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_block_order_of_operations(norm_first):
+    torch.manual_seed(1)
+    block = TransformerBlock(16, 2, norm_first=norm_first)
+    x = torch.randn(2, 5, 16)
+    if norm_first:
+        h = x + block.attn(block.norm1(x))
+        expected = h + block.ffn(block.norm2(h))
+    else:
+        h = block.norm1(x + block.attn(x))
+        expected = block.norm2(h + block.ffn(h))
+    torch.testing.assert_close(block(x), expected)
+
+
+def test_block_causal_and_padding_masks():
+    torch.manual_seed(2)
+    block = TransformerBlock(16, 4)
+    x = torch.randn(1, 6, 16)
+    y = block(x, causal=True)
+    x2 = x.clone()
+    x2[:, 4:] = torch.randn(1, 2, 16)  # change only the future
+    torch.testing.assert_close(block(x2, causal=True)[:, :4], y[:, :4])
+    keep = torch.tensor([[True] * 4 + [False] * 2])[:, None, None, :]  # (B, 1, 1, S): last 2 are padding
+    torch.testing.assert_close(block(x2, mask=keep)[:, :4], block(x, mask=keep)[:, :4])
+
+
+# ---------------------------------------------------------------- lesson 04 exercises: references pass, hints fire
+
+def _run(name, fn):
+    from course_utils.checks import run
+    return run(name, fn, seed=123)
+
+
+def _hints(result):
+    return " ".join(o.line for o in result.outcomes)
+
+
+def test_lesson04_references_pass():
+    from course_utils.checks import get
+    for name in ["layer_norm", "rms_norm", "relu_ffn", "pre_ln_sublayer", "block_parameters"]:
+        assert _run(name, get(name).reference).status == "pass", name
+
+
+def test_layer_norm_hints():
+    def eps_outside(x, g, b, eps):
+        return g * (x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True, unbiased=False) + eps) + b
+
+    def wrong_axis(x, g, b, eps):
+        mu, var = x.mean(1, keepdim=True), x.var(1, keepdim=True, unbiased=False)
+        return g * (x - mu) / torch.sqrt(var + eps) + b
+
+    def unbiased(x, g, b, eps):
+        mu, var = x.mean(-1, keepdim=True), x.var(-1, keepdim=True)
+        return g * (x - mu) / torch.sqrt(var + eps) + b
+
+    assert "ε is outside the square root" in _hints(_run("layer_norm", eps_outside))
+    assert "time axis T" in _hints(_run("layer_norm", wrong_axis))
+    assert "unbiased" in _hints(_run("layer_norm", unbiased))
+    result = _run("layer_norm", lambda x, g, b, eps: torch.nn.functional.layer_norm(x, x.shape[-1:], g, b, eps))
+    assert result.status == "pass"
+
+
+def test_rms_norm_hints():
+    def eps_outside(x, g, eps):
+        return g * x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps)
+
+    def subtracts_mean(x, g, eps):
+        x = x - x.mean(-1, keepdim=True)
+        return g * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+    assert "ε is outside the square root" in _hints(_run("rms_norm", eps_outside))
+    assert "does not subtract the mean" in _hints(_run("rms_norm", subtracts_mean))
+    assert "square root" in _hints(_run("rms_norm", lambda x, g, eps: g * x / (x.pow(2).mean(-1, keepdim=True) + eps)))
+
+
+def test_ffn_and_sublayer_hints():
+    assert "ReLU is missing" in _hints(_run("relu_ffn", lambda x, wi, bi, wo, bo: (x @ wi + bi) @ wo + bo))
+
+    def ln(x, g, b):
+        return torch.nn.functional.layer_norm(x, x.shape[-1:], g, b, 1e-5)
+
+    def post(x, g, b, wi, wo):
+        return ln(x + torch.relu(x @ wi) @ wo, g, b)
+
+    def no_residual(x, g, b, wi, wo):
+        return torch.relu(ln(x, g, b) @ wi) @ wo
+
+    def normalised_stream(x, g, b, wi, wo):
+        h = ln(x, g, b)
+        return h + torch.relu(h @ wi) @ wo
+
+    assert "post-LN" in _hints(_run("pre_ln_sublayer", post))
+    assert "residual connection is missing" in _hints(_run("pre_ln_sublayer", no_residual))
+    assert "never normalised" in _hints(_run("pre_ln_sublayer", normalised_stream))
+
+
+def test_block_parameters_hints():
+    no_norms = lambda d, f: 4 * d * d + 4 * d + 2 * d * f + f + d
+    assert "LayerNorms are missing" in _hints(_run("block_parameters", no_norms))
+    assert "biases are missing" in _hints(_run("block_parameters", lambda d, f: 4 * d * d + 2 * d * f + 4 * d))
+    assert "d_ff = 4d" in _hints(_run("block_parameters", lambda d, f: 12 * d * d + 13 * d))

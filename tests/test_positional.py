@@ -174,3 +174,72 @@ def test_alibi_bias_bottom_right_alignment():
     torch.testing.assert_close(b, alibi_bias(2, 5)[:, 3:, :])
     with pytest.raises(ValueError, match="T <= S"):
         alibi_bias(2, 5, 3)
+
+
+# ---------------------------------------------------------------- lesson 05 exercises: references pass, hints fire
+
+def _run(name, fn):
+    from course_utils.checks import run
+    return run(name, fn, seed=7)
+
+
+def _hints(result):
+    return " ".join(o.line for o in result.outcomes)
+
+
+def test_lesson05_references_pass():
+    from course_utils.checks import get
+    for name in ["sinusoidal_pe", "pe_rotation", "rope", "alibi"]:
+        assert _run(name, get(name).reference).status == "pass", name
+
+
+def test_sinusoidal_pe_hints():
+    def swapped(n, d):
+        return sinusoidal_encoding(n, d).view(n, d // 2, 2).flip(-1).reshape(n, d)
+
+    def halves(n, d):
+        pe = sinusoidal_encoding(n, d)
+        return torch.cat([pe[:, 0::2], pe[:, 1::2]], dim=1)
+
+    def i_over_d(n, d):
+        angle = torch.arange(n)[:, None] * 10000.0 ** (-torch.arange(d // 2) / d)
+        return torch.stack([angle.sin(), angle.cos()], -1).reshape(n, d)
+
+    assert "sin and cos are swapped" in _hints(_run("sinusoidal_pe", swapped))
+    assert "concatenate halves" in _hints(_run("sinusoidal_pe", halves))
+    assert "2i/d" in _hints(_run("sinusoidal_pe", i_over_d))
+
+
+def test_pe_rotation_hint():
+    assert "transposed" in _hints(_run("pe_rotation", lambda k, d: sinusoidal_rotation(k, d).T))
+
+
+def test_rope_hints():
+    def half_split(x, pos):  # LLaMA-style pairing, a different convention from ours
+        d = x.shape[-1]
+        angle = pos[:, None].float() * 10000.0 ** (-torch.arange(0, d, 2).float() / d)
+        cos, sin = torch.cat([angle.cos()] * 2, -1), torch.cat([angle.sin()] * 2, -1)
+        rotated_half = torch.cat([-x[..., d // 2:], x[..., : d // 2]], -1)
+        return x * cos + rotated_half * sin
+
+    def swapped(x, pos):
+        d = x.shape[-1]
+        angle = pos[:, None].float() * 10000.0 ** (-torch.arange(0, d, 2).float() / d)
+        even, odd = x[..., 0::2], x[..., 1::2]
+        return torch.stack([even * angle.sin() - odd * angle.cos(), even * angle.cos() + odd * angle.sin()],
+                           -1).flatten(-2)
+
+    assert "wrong pairs" in _hints(_run("rope", half_split))
+    assert "wrong way" in _hints(_run("rope", lambda x, pos: apply_rope(x, -pos)))
+    assert "cos and sin are swapped" in _hints(_run("rope", swapped))
+
+
+def test_alibi_hints():
+    assert "sign is flipped" in _hints(_run("alibi", lambda h, t: -alibi_bias(h, t)))
+    assert "reverse order" in _hints(_run("alibi", lambda h, t: alibi_bias(h, t).flip(0)))
+
+    def signed(h, t):
+        offset = (torch.arange(t)[None, :] - torch.arange(t)[:, None]).float()
+        return alibi_slopes(h)[:, None, None] * offset
+
+    assert "|i − j|" in _hints(_run("alibi", signed))
