@@ -1,0 +1,180 @@
+"""Exercises of lesson 03: split and merge heads, the multi-head forward pass, the parameter count
+of the layer and the bottom-right causal mask a KV cache needs."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from einops import rearrange
+
+from course_utils.attention import (
+    causal_mask,
+    merge_heads,
+    scaled_dot_product_attention,
+    split_heads,
+)
+from course_utils.checks import Case, exercise
+
+
+def _close(got, alt: torch.Tensor) -> bool:
+    return (isinstance(got, torch.Tensor) and got.shape == alt.shape and got.is_floating_point()
+            and torch.allclose(got, alt, atol=1e-4, rtol=1e-3))
+
+
+# --- split / merge heads ---------------------------------------------------------------------------
+
+SPLIT_SIZES = [(1, 1, 1, 3), (2, 3, 2, 4), (3, 5, 4, 2)]  # B, T, H, d
+
+
+def _split_cases(gen: torch.Generator) -> list[Case]:
+    return [Case(f"x (B={b}, T={t}, H·d={h}·{d}), n_heads={h}", (torch.randn(b, t, h * d, generator=gen), h))
+            for b, t, h, d in SPLIT_SIZES]
+
+
+def _split_hint(case: Case, got, expected) -> str | None:
+    x, h = case.args
+    b, t, _ = x.shape
+    if _close(got, x.reshape(b, h, t, -1)) and not torch.equal(got, expected):
+        return "a bare reshape mixes positions and heads: reshape to (B, T, H, d), then swap T and H"
+    if _close(got, rearrange(x, "b t (d h) -> b h t d", h=h)):
+        return "head i owns a contiguous block of columns: split the last axis as (h d), not (d h)"
+    if isinstance(got, torch.Tensor) and got.shape == (b, t, h, x.shape[-1] // h):
+        return "the head axis goes before the time axis: (B, H, T, d)"
+    return None
+
+
+@exercise(cases=_split_cases, hints=[_split_hint])
+def split_into_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """x (B, T, H·d) -> (B, H, T, d): head i takes columns i·d .. (i+1)·d - 1."""
+    return split_heads(x, n_heads)
+
+
+def _merge_cases(gen: torch.Generator) -> list[Case]:
+    return [Case(f"x (B={b}, H={h}, T={t}, d={d})", (torch.randn(b, h, t, d, generator=gen),))
+            for b, t, h, d in SPLIT_SIZES]
+
+
+def _merge_hint(case: Case, got, expected) -> str | None:
+    x = case.args[0]
+    b, h, t, d = x.shape
+    if _close(got, x.reshape(b, t, h * d)) and not torch.equal(got, expected):
+        return "a bare reshape mixes positions and heads: move H next to d first (B, T, H, d), then merge"
+    if _close(got, rearrange(x, "b h t d -> b t (d h)")):
+        return "concatenate the heads side by side: merge as (h d), not (d h)"
+    return None
+
+
+@exercise(cases=_merge_cases, hints=[_merge_hint])
+def merge_from_heads(x: torch.Tensor) -> torch.Tensor:
+    """x (B, H, T, d) -> (B, T, H·d): concat(H_1, ..., H_m) along the features."""
+    return merge_heads(x)
+
+
+# --- the multi-head forward pass -------------------------------------------------------------------
+
+
+def _mha_cases(gen: torch.Generator) -> list[Case]:
+    sizes = [(1, 1, 4, 2), (2, 4, 6, 3), (2, 6, 16, 4)]  # B, T, D, H (d_k = d_v = D / H)
+    cases = []
+    for b, t, d, h in sizes:
+        x = torch.randn(b, t, d, generator=gen)
+        W_Q, W_K, W_V, W_O = (torch.randn(d, d, generator=gen) / math.sqrt(d) for _ in range(4))
+        cases.append(Case(f"x (B={b}, T={t}, D={d}), n_heads={h}, W_Q, W_K, W_V, W_O ({d}×{d})",
+                          (x, W_Q, W_K, W_V, W_O, h)))
+    return cases
+
+
+def _mha(x, W_Q, W_K, W_V, W_O, h, *, scale=True, split=True, with_W_O=True):
+    """The multi-head forward pass and its usual mistakes, for the reference and the hints."""
+    n = h if split else 1
+    q, k, v = (split_heads(x @ W, n) for W in (W_Q, W_K, W_V))
+    if not scale:
+        q = q * math.sqrt(q.shape[-1])
+    out = merge_heads(scaled_dot_product_attention(q, k, v)[0])
+    return out @ W_O if with_W_O else out
+
+
+def _mha_hint(case: Case, got, expected) -> str | None:
+    x, W_Q, W_K, W_V, W_O, h = case.args
+    if _close(got, _mha(*case.args, with_W_O=False)):
+        return "the heads are concatenated but W_O is missing: multiply concat(H_1..H_m) by W_O"
+    if x.shape[1] > 1 and h > 1 and _close(got, _mha(*case.args, split=False)):
+        return "that is one head of width D: split q, k, v into n_heads heads of width D / n_heads"
+    if x.shape[1] > 1 and _close(got, _mha(*case.args, scale=False)):
+        return "the scores are not scaled: divide by √d_k with d_k = D / n_heads (the width of one head)"
+    if x.shape[1] > 1 and h > 1 and _close(got, _scaled_by_full_width(*case.args)):
+        return "scale by the width of one head, √(D / n_heads), not √D"
+    return None
+
+
+def _scaled_by_full_width(x, W_Q, W_K, W_V, W_O, h):
+    q, k, v = (split_heads(x @ W, h) for W in (W_Q, W_K, W_V))
+    q = q * math.sqrt(q.shape[-1]) / math.sqrt(x.shape[-1])
+    return merge_heads(scaled_dot_product_attention(q, k, v)[0]) @ W_O
+
+
+@exercise(cases=_mha_cases, hints=[_mha_hint])
+def multi_head_forward(x: torch.Tensor, W_Q: torch.Tensor, W_K: torch.Tensor, W_V: torch.Tensor,
+                       W_O: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """x (B, T, D), W_Q, W_K, W_V (D, H·d_k), W_O (H·d_v, D) -> (B, T, D); no masks, no biases."""
+    return _mha(x, W_Q, W_K, W_V, W_O, n_heads)
+
+
+# --- parameter count -------------------------------------------------------------------------------
+
+COUNT_CONFIGS = [(8, 2, 4, 4, True), (768, 12, 64, 64, True), (512, 8, 64, 64, False), (10, 3, 4, 6, True)]
+
+
+def _count_cases(gen: torch.Generator) -> list[Case]:
+    return [Case(f"d_model={d}, n_heads={h}, d_k={dk}, d_v={dv}, bias={b}", (d, h, dk, dv, b))
+            for d, h, dk, dv, b in COUNT_CONFIGS]
+
+
+def _count_hint(case: Case, got, expected) -> str | None:
+    d, h, dk, dv, bias = case.args
+    no_bias = 2 * d * h * dk + 2 * d * h * dv
+    if got == no_bias and bias:
+        return "the weights are right; add the biases of the four layers (2·H·d_k + H·d_v + D)"
+    if got == d * (2 * h * dk + h * dv) + (2 * h * dk + h * dv if bias else 0):
+        return "W_O is missing: it has H·d_v × D weights (and D biases)"
+    if got == 4 * d * d + (4 * d if bias else 0) and expected != got:
+        return "4d² + 4d holds only when d_k = d_v = D / H; count each matrix from its own shape"
+    return None
+
+
+@exercise(cases=_count_cases, hints=[_count_hint])
+def attention_parameter_count(d_model: int, n_heads: int, d_k: int, d_v: int, bias: bool) -> int:
+    """Trainable numbers of W_Q, W_K (D → H·d_k), W_V (D → H·d_v), W_O (H·d_v → D), with biases if asked."""
+    weights = 2 * d_model * n_heads * d_k + 2 * n_heads * d_v * d_model
+    biases = 2 * n_heads * d_k + n_heads * d_v + d_model
+    return weights + (biases if bias else 0)
+
+
+# --- the causal mask of a KV cache -----------------------------------------------------------------
+
+MASK_SIZES = [(1, 1), (1, 6), (3, 7), (5, 5), (4, 2)]
+
+
+def _mask_cases(gen: torch.Generator) -> list[Case]:
+    return [Case(f"T={t} new queries, S={s} keys", (t, s)) for t, s in MASK_SIZES]
+
+
+def _mask_hint(case: Case, got, expected) -> str | None:
+    T, S = case.args
+    if not isinstance(got, torch.Tensor) or got.shape != (T, S):
+        return "one row per query and one column per key: shape (T, S)"
+    if got.dtype != torch.bool:
+        return "return a bool tensor, True where the query may attend"
+    if torch.equal(got, torch.ones(T, S, dtype=torch.bool).tril()):
+        return ("aligned top-left: the new queries are the last T of S positions, so query t sees keys "
+                "up to t + S - T (tril with diagonal=S-T)")
+    if torch.equal(got, ~expected):
+        return "True must mean may attend; you marked the blocked keys"
+    return None
+
+
+@exercise(cases=_mask_cases, hints=[_mask_hint])
+def kv_causal_mask(T: int, S: int) -> torch.Tensor:
+    """(T, S) bool: the T newest queries of an S-token sequence; query t may see keys 0..t + S - T."""
+    return causal_mask(T, S)
