@@ -403,3 +403,36 @@ def test_multi_head_attention_errors():
         mha(x, need_weights=True, impl="fused")
     with pytest.raises(ValueError, match="takes no kv_cache"):
         mha(x, impl="loop", kv_cache=KVCache())
+
+
+# --- exercises of lessons 02-03: the usual mistakes get a hint that names them ----------------------
+
+
+def first_hint(name: str, fn) -> str:
+    from course_utils import checks
+
+    lines = [o.line for o in checks.run(name, fn, seed=7).outcomes if "hint:" in o.line]
+    assert lines, f"{name}: no failing case carries a hint"
+    return lines[0].split("hint: ")[1]
+
+
+def _masked_after_softmax(q, k, v):
+    w = torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1)
+    return (w * causal_mask(q.shape[-2])) @ v
+
+
+@pytest.mark.parametrize("name,fn,words", [
+    ("stable_softmax", lambda x: x.exp() / x.exp().sum(-1, keepdim=True), "maximum"),
+    ("stable_softmax", lambda x: torch.softmax(x, dim=1), "axis 1"),
+    ("query_weights", lambda q, K: torch.softmax(K @ q, dim=-1), "√d_k"),
+    ("causal_attention", _masked_after_softmax, "after the softmax"),
+    ("causal_attention", lambda q, k, v: F.scaled_dot_product_attention(q, k, v), "no mask"),
+    ("lengths_to_mask", lambda lengths, n: torch.arange(n) >= lengths[:, None], "real tokens"),
+    ("split_into_heads", lambda x, h: x.reshape(x.shape[0], h, x.shape[1], -1), "bare reshape"),
+    ("multi_head_forward", lambda x, q, k, v, o, h: merge_heads(scaled_dot_product_attention(
+        *(split_heads(x @ w, h) for w in (q, k, v)))[0]), "W_O is missing"),
+    ("attention_parameter_count", lambda d, h, dk, dv, b: 4 * d * d + 4 * d * b, "4d² + 4d"),
+    ("kv_causal_mask", lambda T, S: torch.ones(T, S, dtype=torch.bool).tril(), "top-left"),
+])
+def test_exercise_hints_name_the_mistake(name, fn, words):
+    assert words in first_hint(name, fn)
