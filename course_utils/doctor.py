@@ -39,6 +39,12 @@ def check_requirement(req: Requirement) -> tuple[bool, str]:
     return True, f"{req.name} {version}"
 
 
+def shown(path: Path) -> str:
+    """A path with the home folder written as ~ (no user names in shared outputs)."""
+    home = str(Path.home())
+    return "~" + str(path)[len(home):] if str(path).startswith(home) else str(path)
+
+
 def checks(fetch: bool) -> list[tuple[bool, str]]:
     results = [(sys.version_info >= (3, 10), f"Python {sys.version.split()[0]} (3.10 or newer)")]
     if REQUIREMENTS.exists():
@@ -52,16 +58,16 @@ def checks(fetch: bool) -> list[tuple[bool, str]]:
     results.append((True, f"device {runtime.device()}"))
     corpus = data.cache_dir() / data.CORPUS_FILE
     if corpus.exists() and data.sha256_of(corpus) == data.CORPUS_SHA256:
-        results.append((True, f"course corpus cached in {data.cache_dir()}"))
+        results.append((True, f"course corpus cached in {shown(data.cache_dir())}"))
     elif fetch:
         try:
             data.shakespeare()
-            results.append((True, f"course corpus downloaded to {data.cache_dir()}"))
+            results.append((True, f"course corpus downloaded to {shown(data.cache_dir())}"))
         except data.CorpusUnavailable as exc:
             results.append((False, str(exc).splitlines()[0] + " (see `course doctor --fetch` output above)"))
             print(exc, file=sys.stderr)
     else:
-        results.append((True, f"course corpus not cached yet in {data.cache_dir()}: "
+        results.append((True, f"course corpus not cached yet in {shown(data.cache_dir())}: "
                               "lesson 01 fetches it (or run `course doctor --fetch`)"))
     return results
 
