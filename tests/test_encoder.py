@@ -301,3 +301,66 @@ def test_sentence_embeddings_match_sentence_transformers(minilm):
     assert ours.shape == (len(SENTENCES), 384)
     torch.testing.assert_close(ours.norm(dim=-1), torch.ones(len(SENTENCES)))
     assert (ours - theirs).abs().max().item() <= TOLERANCE
+
+
+# --- lesson 06 exercises: references and hand-written answers pass, hints fire ----------------
+
+def _run(name, fn):
+    from course_utils.checks import run
+
+    return run(name, fn, seed=123)
+
+
+def _hints(result) -> str:
+    return " ".join(o.line for o in result.outcomes)
+
+
+def hand_block(x, attention_mask, w, n_heads, post_ln=True, masked=True):
+    """A post-LN block written out from raw tensors, as a learner would (and its two usual mistakes)."""
+    from course_utils.attention import merge_heads, scaled_dot_product_attention, split_heads
+
+    def lin(h, name):
+        return h @ w[f"{name}.weight"].T + w[f"{name}.bias"]
+
+    def ln(h, name):
+        return F.layer_norm(h, h.shape[-1:], w[f"{name}.gamma"], w[f"{name}.beta"], eps=1e-12)
+
+    def attn(h):
+        q, k, v = (split_heads(lin(h, f"attn.W_{c}"), n_heads) for c in "QKV")
+        mask = attention_mask.bool()[:, None, None, :] if masked else None
+        return lin(merge_heads(scaled_dot_product_attention(q, k, v, mask)[0]), "attn.W_O")
+
+    def ffn(h):
+        return lin(F.gelu(lin(h, "ffn.W_in")), "ffn.W_out")
+
+    if not post_ln:
+        x = x + attn(ln(x, "norm1"))
+        return x + ffn(ln(x, "norm2"))
+    x = ln(x + attn(x), "norm1")
+    return ln(x + ffn(x), "norm2")
+
+
+def test_lesson06_references_and_hand_answers_pass():
+    from course_utils.checks import get
+
+    for name in ["extended_attention_mask", "post_ln_encoder_block", "masked_mean_pool", "bert_layer_names",
+                 "contextual_similarity"]:
+        assert _run(name, get(name).reference).status == "pass", name
+    assert _run("post_ln_encoder_block", hand_block).status == "pass"
+    assert _run("extended_attention_mask", lambda m: (m == 1)[:, None, None, :]).status == "pass"
+    assert _run("contextual_similarity", lambda a, b: F.cosine_similarity(a[:, None], b[None], dim=-1)).status \
+        == "pass"
+
+
+def test_lesson06_hints():
+    assert "pre-LN" in _hints(_run("post_ln_encoder_block", lambda *a: hand_block(*a, post_ln=False)))
+    assert "padding leaks" in _hints(_run("post_ln_encoder_block", lambda *a: hand_block(*a, masked=False)))
+    assert "inverted" in _hints(_run("extended_attention_mask", lambda m: (m == 0)[:, None, None, :]))
+    assert "mask the keys" in _hints(_run("extended_attention_mask", lambda m: m.bool()[:, None, :, None]))
+    assert "bool tensor" in _hints(_run("extended_attention_mask", lambda m: m[:, None, None, :]))
+    assert "averaged the padding" in _hints(_run("masked_mean_pool", lambda h, m: h.mean(dim=1)))
+    assert "not by T" in _hints(_run("masked_mean_pool", lambda h, m: (h * m[..., None]).sum(1) / h.shape[1]))
+    swapped = lambda names: [bert_key_to_encoder(n).replace("norm1", "#").replace("norm2", "norm1")
+                             .replace("#", "norm2") for n in names]
+    assert "first Add & Norm" in _hints(_run("bert_layer_names", swapped))
+    assert "dot products" in _hints(_run("contextual_similarity", lambda a, b: a @ b.T))

@@ -1,0 +1,240 @@
+"""Exercises of lesson 06: the encoder's padding mask, a post-LN encoder block by hand, mean
+pooling that ignores padding, BERT's weight names, and cosine similarity of contextual vectors.
+
+Each exercise has random cases plus one on the real all-MiniLM-L6-v2 weights or file.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+
+from course_utils.blocks import TransformerBlock
+from course_utils.checks import Case, exercise
+from course_utils.encoder import (
+    POSITION_IDS_KEY,
+    SentenceEncoder,
+    bert_key_to_encoder,
+    load_minilm,
+    mean_pool,
+    minilm_dir,
+)
+from course_utils.encoder import extended_attention_mask as _extended_mask
+
+EPS = 1e-12  # BERT's LayerNorm ε
+REAL_SENTENCES = ["The cat walks.", "The animal didn't cross the street because it was too tired."]
+PLAY_SENTENCES = ["She likes to play the piano every evening.",
+                  "The kids play football in the park after school.",
+                  "The actors rehearsed the play at the theatre."]
+
+
+@functools.lru_cache(maxsize=1)
+def _minilm() -> SentenceEncoder:
+    return load_minilm()
+
+
+def _close(a, b) -> bool:
+    return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a.float(), b.float(),
+                                                                                  atol=1e-4, rtol=1e-3)
+
+
+def _random_mask(gen: torch.Generator, b: int, s: int) -> torch.Tensor:
+    """(B, S) int64 mask of 1s then 0s; the first row is full, the others have random lengths >= 1."""
+    lengths = torch.randint(1, s + 1, (b,), generator=gen)
+    lengths[0] = s
+    return (torch.arange(s) < lengths[:, None]).long()
+
+
+# --- 1. the extended attention mask ---------------------------------------------------------------
+
+def _mask_cases(gen: torch.Generator) -> list[Case]:
+    return [Case(f"attention_mask (B={b}, S={s}) of 1s and 0s", (_random_mask(gen, b, s),))
+            for b, s in [(1, 4), (3, 6), (4, 9)]]
+
+
+def _mask_hint(case: Case, got, expected) -> str | None:
+    if not isinstance(got, torch.Tensor):
+        return None
+    if got.dtype != torch.bool:
+        return "return a bool tensor (True = may attend): compare with 1 or call .bool()"
+    if got.shape == expected.shape and torch.equal(got, ~expected):
+        return "the mask is inverted: True marks the real tokens, which may be attended to"
+    b, s = case.args[0].shape
+    if got.shape == (b, 1, s, 1):
+        return "that masks queries; mask the keys: the key axis S is the last one, (B, 1, 1, S)"
+    if got.shape == (b, s):
+        return "add two axes for heads and queries so it broadcasts to (B, H, T, S): mask[:, None, None, :]"
+    return None
+
+
+@exercise(cases=_mask_cases, hints=[_mask_hint])
+def extended_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """attention_mask (B, S) with 1 at real tokens, 0 at padding -> bool (B, 1, 1, S), True = may attend."""
+    return _extended_mask(attention_mask)
+
+
+# --- 2. a post-LN encoder block -------------------------------------------------------------------
+
+def _random_block_weights(gen: torch.Generator, d: int, f: int) -> dict[str, torch.Tensor]:
+    def linear(name: str, d_in: int, d_out: int) -> dict[str, torch.Tensor]:
+        return {f"{name}.weight": torch.randn(d_out, d_in, generator=gen) / math.sqrt(d_in),
+                f"{name}.bias": 0.1 * torch.randn(d_out, generator=gen)}
+
+    def norm(name: str) -> dict[str, torch.Tensor]:
+        return {f"{name}.gamma": 1 + 0.3 * torch.randn(d, generator=gen),
+                f"{name}.beta": 0.3 * torch.randn(d, generator=gen)}
+
+    return {**linear("attn.W_Q", d, d), **linear("attn.W_K", d, d), **linear("attn.W_V", d, d),
+            **linear("attn.W_O", d, d), **norm("norm1"), **linear("ffn.W_in", d, f),
+            **linear("ffn.W_out", f, d), **norm("norm2")}
+
+
+def _block_cases(gen: torch.Generator) -> list[Case]:
+    cases = []
+    for b, t, d, h in [(1, 3, 8, 2), (2, 5, 16, 4), (3, 6, 12, 3)]:
+        x = torch.randn(b, t, d, generator=gen)
+        cases.append(Case(f"x (B={b}, T={t}, D={d}), H={h}, random weights, padded mask",
+                          (x, _random_mask(gen, b, t), _random_block_weights(gen, d, 4 * d), h)))
+    enc = _minilm()
+    batch = enc.batch(REAL_SENTENCES)
+    with torch.no_grad():
+        x = enc.model.embeddings(batch.input_ids, batch.token_type_ids)
+    weights = {k: v.detach().clone() for k, v in enc.model.blocks[0].state_dict().items()}
+    b, t, d = x.shape
+    cases.append(Case(f"layer 0 of all-MiniLM-L6-v2 on 2 real sentences (B={b}, T={t}, D={d}), H=12",
+                      (x, batch.attention_mask, weights, 12)))
+    return cases
+
+
+def _reference_block(x, attention_mask, weights, n_heads, norm_first=False, use_mask=True):
+    d, f = x.shape[-1], weights["ffn.W_in.weight"].shape[0]
+    block = TransformerBlock(d, n_heads, f, activation="gelu", norm_first=norm_first, eps=EPS)
+    block.load_state_dict(weights)
+    with torch.no_grad():
+        return block.eval()(x, mask=_extended_mask(attention_mask) if use_mask else None)
+
+
+def _block_hint(case: Case, got, expected) -> str | None:
+    x, mask, weights, h = case.args
+    if _close(got, _reference_block(x, mask, weights, h, norm_first=True)):
+        return "that is pre-LN (x + F(LN(x))); BERT is post-LN: LN(x + F(x)) after each sublayer"
+    if _close(got, _reference_block(x, mask, weights, h, use_mask=False)):
+        return "the padding leaks in: mask the padded keys (scores to -inf before the softmax)"
+    return None
+
+
+@exercise(cases=_block_cases, hints=[_block_hint])
+def post_ln_encoder_block(x: torch.Tensor, attention_mask: torch.Tensor, weights: dict[str, torch.Tensor],
+                          n_heads: int) -> torch.Tensor:
+    """x (B, T, D), attention_mask (B, T), the block's weights by our names -> (B, T, D):
+    x = LN1(x + MultiHeadAttention(x)), then LN2(x + W_out GELU(W_in x)), with LayerNorm ε = 1e-12."""
+    return _reference_block(x, attention_mask, weights, n_heads)
+
+
+# --- 3. mean pooling --------------------------------------------------------------------------------
+
+def _pool_cases(gen: torch.Generator) -> list[Case]:
+    return [Case(f"hidden (B={b}, T={t}, D={d}), padded attention_mask (B, T)",
+                 (torch.randn(b, t, d, generator=gen), _random_mask(gen, b, t)))
+            for b, t, d in [(1, 4, 3), (3, 7, 5), (4, 10, 8)]]
+
+
+def _pool_hint(case: Case, got, expected) -> str | None:
+    hidden, mask = case.args
+    m = mask.unsqueeze(-1).float()
+    if _close(got, hidden.mean(dim=1)):
+        return "you averaged the padding too: sum only the real tokens (multiply by the mask)"
+    if _close(got, (hidden * m).sum(dim=1)):
+        return "that is the sum of the real tokens; divide by how many there are (mask.sum over T)"
+    if _close(got, (hidden * m).sum(dim=1) / hidden.shape[1]):
+        return "divide by the number of real tokens, not by T (which counts the padding)"
+    return None
+
+
+@exercise(cases=_pool_cases, hints=[_pool_hint])
+def masked_mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """hidden (B, T, D), attention_mask (B, T) -> (B, D): the mean of each sentence's real tokens."""
+    return mean_pool(hidden, attention_mask)
+
+
+# --- 4. BERT's weight names -------------------------------------------------------------------------
+
+LAYER_PARTS = ["attention.self.query", "attention.self.key", "attention.self.value",
+               "attention.output.dense", "attention.output.LayerNorm", "intermediate.dense",
+               "output.dense", "output.LayerNorm"]
+
+
+def _layer_names(i: int) -> list[str]:
+    return [f"encoder.layer.{i}.{part}.{kind}" for part in LAYER_PARTS for kind in ("weight", "bias")]
+
+
+def _names_cases(gen: torch.Generator) -> list[Case]:
+    from safetensors import safe_open
+
+    layer = int(torch.randint(1, 6, (1,), generator=gen))
+    with safe_open(str(minilm_dir() / "model.safetensors"), "pt") as f:
+        in_file = [k for k in f.keys() if k != POSITION_IDS_KEY]
+    return [Case("the 16 tensor names of encoder layer 0", (_layer_names(0),)),
+            Case("the 16 tensor names of another layer", (_layer_names(layer),)),
+            Case(f"all {len(in_file)} tensor names of the real model.safetensors", (in_file,))]
+
+
+def _names_hint(case: Case, got, expected) -> str | None:
+    if not isinstance(got, (list, tuple)) or len(got) != len(expected):
+        return "return one name per input name, in the same order"
+    for g, e in zip(got, expected, strict=True):
+        if g == e:
+            continue
+        if isinstance(g, str) and g.replace("norm1", "#").replace("norm2", "norm1").replace("#", "norm2") == e:
+            return ("attention.output.LayerNorm is the first Add & Norm (norm1); output.LayerNorm, after "
+                    "the FFN, is norm2")
+        if isinstance(g, str) and e.endswith((".gamma", ".beta")) and g.endswith((".weight", ".bias")):
+            return "our LayerNorm calls its weight gamma and its bias beta"
+        return None
+    return None
+
+
+@exercise(cases=_names_cases, hints=[_names_hint])
+def bert_layer_names(names: list[str]) -> list[str]:
+    """BERT tensor names -> our parameter names, e.g. 'encoder.layer.3.attention.self.query.weight'
+    -> 'blocks.3.attn.W_Q.weight' (see the mapping table in the lesson)."""
+    return [bert_key_to_encoder(name) for name in names]
+
+
+# --- 5. cosine similarity of contextual vectors -------------------------------------------------
+
+def _play_vectors() -> torch.Tensor:
+    enc = _minilm()
+    batch = enc.batch(PLAY_SENTENCES)
+    hidden = enc.token_vectors(batch)
+    rows = [tokens.index("play") for tokens in batch.tokens]
+    return hidden[torch.arange(len(rows)), torch.tensor(rows)]
+
+
+def _similarity_cases(gen: torch.Generator) -> list[Case]:
+    cases = [Case(f"a (N={n}, D={d}), b (M={m}, D={d})",
+                  (3 * torch.randn(n, d, generator=gen), torch.randn(m, d, generator=gen) + 1))
+             for n, m, d in [(1, 1, 4), (3, 5, 8), (6, 4, 16)]]
+    play = _play_vectors()
+    cases.append(Case("the contextual vectors of 'play' in 3 real sentences, against themselves", (play, play)))
+    return cases
+
+
+def _similarity_hint(case: Case, got, expected) -> str | None:
+    a, b = case.args
+    if _close(got, a @ b.T):
+        return "those are dot products; divide by both lengths (normalise the rows first)"
+    if isinstance(got, torch.Tensor) and got.shape == expected.T.shape != expected.shape:
+        return "the result is (N, M): rows for a, columns for b"
+    if _close(got, F.normalize(a, dim=0) @ F.normalize(b, dim=0).T):
+        return "normalise each vector (each row, dim=-1), not each feature column"
+    return None
+
+
+@exercise(cases=_similarity_cases, hints=[_similarity_hint])
+def contextual_similarity(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a (N, D), b (M, D) -> (N, M): cos(a_i, b_j) = a_i · b_j / (|a_i| |b_j|)."""
+    return F.normalize(a, dim=-1) @ F.normalize(b, dim=-1).T
