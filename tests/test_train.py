@@ -1,0 +1,255 @@
+import argparse
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from course_utils import train as T
+from course_utils.bpe import BPETokenizer
+from course_utils.gpt import GPT, GPTConfig
+from course_utils.tokenize import CharTokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+TEXT = ("ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n"
+        "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?\n") * 40
+
+
+def tiny(vocab: int, dropout: float = 0.0) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab, n_ctx=16, n_layer=2, n_head=2, d_model=32, dropout=dropout))
+
+
+def cfg(**kw) -> T.TrainConfig:
+    base = dict(batch_size=4, max_iters=8, warmup_iters=2, eval_interval=4, eval_iters=2, log_interval=3)
+    return T.TrainConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def data():
+    tok = CharTokenizer(TEXT)
+    ids = torch.tensor(tok.encode(TEXT))
+    n = int(0.9 * len(ids))
+    return tok, ids[:n], ids[n:]
+
+
+def test_get_batch_windows_are_shifted_by_one():
+    data = torch.arange(100)
+    x, y = T.get_batch(data, 5, 8, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (5, 8)
+    assert torch.equal(y, x + 1)  # contiguous windows of an arange
+    assert torch.equal(x[:, 1:], x[:, :-1] + 1)
+
+
+def test_ranks_split_one_global_batch():
+    data = torch.arange(1000)
+    whole, _ = T.get_batch(data, 6, 4, torch.Generator().manual_seed(3))
+    parts = [T.get_batch(data, 3, 4, torch.Generator().manual_seed(3), rank=r, world_size=2)[0] for r in (0, 1)]
+    assert torch.equal(torch.cat(parts), whole)
+
+
+def test_get_batch_errors():
+    with pytest.raises(ValueError, match="1-D"):
+        T.get_batch(torch.zeros(2, 50, dtype=torch.long), 2, 4, torch.Generator())
+    with pytest.raises(ValueError, match="smaller n_ctx"):
+        T.get_batch(torch.arange(8), 2, 8, torch.Generator())
+
+
+def test_lr_schedule_warms_up_then_follows_a_cosine():
+    lrs = [T.lr_at(s, 100, 1.0, 0.1, 10) for s in range(110)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert all(a < b for a, b in zip(lrs[:9], lrs[1:10], strict=True))
+    assert all(a >= b for a, b in zip(lrs[10:100], lrs[11:101], strict=True))
+    assert lrs[55] == pytest.approx(0.55)  # half way down the cosine: the mean of lr and min_lr
+    assert lrs[100] == lrs[109] == 0.1
+
+
+def test_weight_decay_only_on_matrices():
+    model = tiny(10)
+    opt = T.make_optimizer(model, cfg(weight_decay=0.1), torch.device("cpu"))
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_parse_duration():
+    assert T.parse_duration("110s") == 110 and T.parse_duration("5m") == 300
+    assert T.parse_duration("1.5h") == 5400 and T.parse_duration("90") == 90 and T.parse_duration(2) == 2
+    for bad in ("5 minutes", "-3s", "0"):
+        with pytest.raises(ValueError, match="positive|90s"):
+            T.parse_duration(bad)
+
+
+def test_peak_table():
+    assert T.peak_tflops("NVIDIA H100 80GB HBM3", torch.bfloat16) == 989.0
+    assert T.peak_tflops("NVIDIA H100 PCIe", torch.bfloat16) == 756.0
+    assert T.peak_tflops("NVIDIA A100-SXM4-80GB", torch.float32) == 156.0
+    assert T.peak_tflops("NVIDIA L40S", torch.bfloat16) == 362.0
+    assert T.peak_tflops("NVIDIA L4", torch.bfloat16) == 121.0
+    assert T.peak_tflops("Some Future GPU", torch.bfloat16) is None
+
+
+def test_cpu_defaults_are_float32_and_eager():
+    assert T.autocast_dtype(T.TrainConfig(), torch.device("cpu")) == torch.float32
+    with pytest.raises(ValueError, match="auto, bfloat16 or float32"):
+        T.autocast_dtype(T.TrainConfig(dtype="fp8"), torch.device("cpu"))
+    with pytest.raises(ValueError, match="use one of"):
+        T.TrainConfig.preset("huge")
+
+
+def test_loss_at_initialisation_is_about_ln_v(data):
+    tok, train_data, _ = data
+    model = tiny(tok.vocab_size)
+    x, y = T.get_batch(train_data, 8, 16, torch.Generator().manual_seed(0))
+    _, loss = model(x, y)
+    assert abs(loss.item() - math.log(tok.vocab_size)) < 0.1
+
+
+def test_training_lowers_the_loss_and_records_history(data, tmp_path):
+    tok, train_data, val_data = data
+    result = T.train(tiny(tok.vocab_size), train_data, val_data, cfg(max_iters=60, lr=3e-3, eval_interval=30),
+                     tokenizer=tok, out_dir=tmp_path, progress=False)
+    h = result.history
+    assert result.step == 60 and h["step"] == list(range(60)) and len(h["loss"]) == len(h["lr"]) == 60
+    assert h["eval_step"] == [0, 30, 60]
+    assert h["val_loss"][-1] < h["val_loss"][0] - 0.8
+    assert result.tokens_per_s > 0 and result.mfu is None  # no peak known for a CPU
+    ckpt = T.load_checkpoint(tmp_path / T.CHECKPOINT)  # weights_only=True
+    assert ckpt["step"] == 60 and ckpt["tokenizer"] == {"kind": "char", "chars": "".join(tok.chars)}
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_resume_gives_the_uninterrupted_curve(data, tmp_path):
+    tok, train_data, val_data = data
+    c = cfg(max_iters=10, eval_interval=4, log_interval=3)
+    whole = T.train(tiny(tok.vocab_size, dropout=0.1), train_data, val_data, c, progress=False)
+    first = T.train(tiny(tok.vocab_size, dropout=0.1), train_data, val_data, c, tokenizer=tok,
+                    out_dir=tmp_path, until=5, progress=False)
+    assert first.step == 5 and len(first.history["loss"]) == 5
+    ckpt = T.load_checkpoint(tmp_path / T.CHECKPOINT)
+    fresh = tiny(tok.vocab_size, dropout=0.1)
+    torch.manual_seed(999)  # the checkpoint's RNG state must win over whatever came before
+    second = T.train(fresh, train_data, val_data, c, resume=ckpt, out_dir=tmp_path, progress=False)
+    assert second.history["loss"] == whole.history["loss"]  # exactly equal, dropout included
+    assert second.history["val_loss"] == whole.history["val_loss"]
+    assert second.history["lr"] == whole.history["lr"]
+    for a, b in zip(fresh.state_dict().values(), whole_model_state(c, data).values(), strict=True):
+        assert torch.equal(a, b)
+
+
+def whole_model_state(c, data):
+    tok, train_data, val_data = data
+    model = tiny(tok.vocab_size, dropout=0.1)
+    T.train(model, train_data, val_data, c, progress=False)
+    return model.state_dict()
+
+
+def test_gradient_accumulation_matches_one_big_batch(data):
+    tok, train_data, _ = data
+    # 2 micro-batches of 4 equal one batch of 8 only if they are the same windows: draw 8, split
+    model_a, model_b = tiny(tok.vocab_size), tiny(tok.vocab_size)
+    x, y = T.get_batch(train_data, 8, 16, torch.Generator().manual_seed(0))
+    model_a(x, y)[1].backward()
+    for xs, ys in ((x[:4], y[:4]), (x[4:], y[4:])):
+        (model_b(xs, ys)[1] / 2).backward()
+    for pa, pb in zip(model_a.parameters(), model_b.parameters(), strict=True):
+        torch.testing.assert_close(pa.grad, pb.grad, atol=1e-6, rtol=1e-5)
+
+
+def test_time_budget_ends_on_time(data):
+    tok, train_data, val_data = data
+    start = time.perf_counter()
+    result = T.train(tiny(tok.vocab_size), train_data, val_data,
+                     cfg(max_iters=10_000, time_budget=3.0, eval_interval=10_000), progress=False)
+    took = time.perf_counter() - start
+    assert 2.0 < took < 5.0, took
+    assert 3 < result.step < 10_000
+    assert result.history["lr"][-1] < 0.2 * result.history["lr"][2]  # the cosine ran its course
+
+
+def test_tokenizer_states_round_trip():
+    char = CharTokenizer(TEXT)
+    assert T.tokenizer_from_state(T.tokenizer_state(char)).encode(TEXT) == char.encode(TEXT)
+    bpe = BPETokenizer.train(TEXT, 300)
+    assert T.tokenizer_from_state(T.tokenizer_state(bpe)).encode(TEXT) == bpe.encode(TEXT)
+    with pytest.raises(TypeError, match="CharTokenizer or BPETokenizer"):
+        T.tokenizer_state(object())
+    with pytest.raises(FileNotFoundError, match="train first"):
+        T.load_checkpoint("/nonexistent/ckpt.pt")
+
+
+def cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="course")
+    sub = parser.add_subparsers(dest="command", required=True)
+    T.add_parser(sub)
+    T.add_sample_parser(sub)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+HARNESS = """import argparse, sys
+from course_utils import train
+parser = argparse.ArgumentParser(prog="course")
+sub = parser.add_subparsers(dest="command", required=True)
+train.add_parser(sub)
+args = parser.parse_args(sys.argv[1:])
+sys.exit(args.func(args))
+"""
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "tiny.txt"
+    path.write_text(TEXT * 5, encoding="utf-8")
+    return path
+
+
+def test_cli_train_resume_and_sample(corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    common = ["train", "--data", str(corpus), "--config", "smoke", "--out", str(out), "--quiet"]
+    assert cli(common + ["--max-iters", "6"]) == 0
+    assert T.load_checkpoint(out / T.CHECKPOINT)["step"] == 6
+    assert cli(common + ["--resume", "--max-iters", "8"]) == 0
+    assert T.load_checkpoint(out / T.CHECKPOINT)["step"] == 8
+    capsys.readouterr()
+    assert cli(["sample", "--ckpt", str(out / T.CHECKPOINT), "--prompt", "ROMEO:", "--max-new-tokens", "20"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("ROMEO:") and len(text.splitlines()[0]) >= len("ROMEO:")
+    assert cli(common[:-3] + ["--out", str(tmp_path / "bpe"), "--tokenizer", "bpe", "--bpe-vocab", "300",
+                              "--max-iters", "2", "--quiet"]) == 0
+    assert T.load_checkpoint(tmp_path / "bpe" / T.CHECKPOINT)["tokenizer"]["kind"] == "bpe"
+
+
+def test_cli_rejects_both_budgets(corpus):
+    with pytest.raises(SystemExit):
+        cli(["train", "--data", str(corpus), "--max-iters", "5", "--time-budget", "1m"])
+
+
+def test_two_process_ddp_equals_one_process_with_the_whole_batch(corpus, tmp_path):
+    """torchrun + gloo on the CPU: two processes with batch 4 each train exactly like one with 8."""
+    harness = tmp_path / "course_cli.py"
+    harness.write_text(HARNESS)
+    args = ["train", "--data", str(corpus), "--config", "smoke", "--max-iters", "6", "--quiet"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env.pop("RANK", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(harness),
+           *args, "--batch-size", "4", "--out", str(tmp_path / "ddp")]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 process(es)" in proc.stdout
+    assert cli(args + ["--batch-size", "8", "--out", str(tmp_path / "one")]) == 0
+    ddp = T.load_checkpoint(tmp_path / "ddp" / T.CHECKPOINT)
+    one = T.load_checkpoint(tmp_path / "one" / T.CHECKPOINT)
+    torch.testing.assert_close(torch.tensor(ddp["history"]["loss"]), torch.tensor(one["history"]["loss"]),
+                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.tensor(ddp["history"]["val_loss"]), torch.tensor(one["history"]["val_loss"]),
+                               atol=1e-5, rtol=1e-5)
+    for name, p in one["model"].items():
+        torch.testing.assert_close(ddp["model"][name], p, atol=1e-5, rtol=1e-4, msg=name)
+    assert asdict(T.TrainConfig(**ddp["train_config"]))["batch_size"] == 4
