@@ -11,6 +11,7 @@ COMMANDS = {
     "doctor": "course_utils.doctor",
     "run": "course_utils.notebook_run",
     "assign": "course_utils.assign",
+    "grade": "course_utils.grade",
 }
 
 
