@@ -1,0 +1,267 @@
+"""GPT: the decoder-only Transformer language model, and how to count its parameters and FLOPs.
+
+token + learned position embeddings -> L pre-LN blocks with causal multi-head attention ->
+final LayerNorm -> unembedding tied to the token embedding -> logits over the vocabulary.
+Every position predicts the token after it, so one forward pass trains on all T positions;
+generation (``course_utils.generate``) only reads the last one.
+
+Shapes: ``B`` batch, ``T`` sequence length, ``D`` = d_model, ``V`` vocabulary, ``L`` blocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from course_utils.attention import MultiHeadAttention
+from course_utils.blocks import LayerNorm, TransformerBlock, block_parameter_count
+from course_utils.positional import LearnedPositionalEmbedding
+
+if TYPE_CHECKING:
+    from course_utils.generate import ModelKVCache
+
+INIT_STD = 0.02  # GPT-2's initial standard deviation of every weight matrix and embedding
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """The sizes of a GPT. ``d_ff`` defaults to 4·d_model; ``activation`` "gelu_tanh" is GPT-2's."""
+
+    vocab_size: int
+    n_ctx: int
+    n_layer: int
+    n_head: int
+    d_model: int
+    dropout: float = 0.0
+    bias: bool = True
+    d_ff: int | None = None
+    activation: str = "gelu_tanh"
+    eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "n_ctx", "n_layer", "n_head", "d_model"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"GPTConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.d_model % self.n_head:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}; "
+                             "pick a number of heads that divides d_model")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> GPTConfig:
+        """A named size, e.g. ``GPTConfig.preset("gpt2")``; keyword arguments replace fields."""
+        if name not in PRESETS:
+            raise KeyError(f"no preset named {name!r}; known presets: {', '.join(PRESETS)}")
+        return dataclasses.replace(PRESETS[name], **overrides)
+
+
+GPT2_VOCAB = 50_257
+PRESETS: dict[str, GPTConfig] = {
+    # OpenAI's GPT-2 family (2019): context 1,024, byte-level BPE vocabulary of 50,257 tokens
+    "gpt2": GPTConfig(GPT2_VOCAB, 1024, 12, 12, 768),
+    "gpt2-medium": GPTConfig(GPT2_VOCAB, 1024, 24, 16, 1024),
+    "gpt2-large": GPTConfig(GPT2_VOCAB, 1024, 36, 20, 1280),
+    "gpt2-xl": GPTConfig(GPT2_VOCAB, 1024, 48, 25, 1600),
+    # GPT-3 175B (2020): context 2,048, same vocabulary
+    "gpt3": GPTConfig(GPT2_VOCAB, 2048, 96, 96, 12288),
+    # the course's character-level model on Shakespeare (84 distinct characters in the corpus)
+    "shakespeare-char": GPTConfig(84, 256, 6, 6, 384, dropout=0.2),
+    # small sizes for CI and laptops
+    "smoke": GPTConfig(84, 32, 2, 2, 32),
+    "cpu": GPTConfig(84, 128, 4, 4, 128),
+}
+
+
+class FusedMultiHeadAttention(MultiHeadAttention):
+    """``MultiHeadAttention`` whose default path is PyTorch's fused kernel (``impl="fused"``).
+
+    ``TransformerBlock`` calls its attention with the default ``impl``; GPT swaps this class in so
+    training and generation use the fast kernel. Asking for the weights falls back to "batched".
+    """
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False,
+                need_weights: bool = False, impl: str = "fused", kv_cache=None):
+        """x (B, T, D) -> out (B, T, D), or (out, weights (B, H, T, S)) with ``need_weights``."""
+        if need_weights and impl == "fused":
+            impl = "batched"
+        return super().forward(x, mask, causal, need_weights, impl, kv_cache)
+
+
+class GPT(nn.Module):
+    """Decoder-only Transformer LM with GPT-2's layout and initialisation."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = c = config
+        self.wte = nn.Embedding(c.vocab_size, c.d_model)  # token embedding W_emb (V, D), also the unembedding
+        self.wpe = LearnedPositionalEmbedding(c.n_ctx, c.d_model)  # W_pos (n_ctx, D)
+        self.drop = nn.Dropout(c.dropout)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(c.d_model, c.n_head, d_ff=c.d_ff, activation=c.activation, norm_first=True,
+                             eps=c.eps, bias=c.bias, dropout=c.dropout)
+            for _ in range(c.n_layer)
+        )
+        for block in self.blocks:  # same parameters, fused attention kernel
+            block.attn = FusedMultiHeadAttention(c.d_model, c.n_head, bias=c.bias, dropout=c.dropout)
+        self.ln_f = LayerNorm(c.d_model, eps=c.eps)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """GPT-2's initialisation: N(0, 0.02) weights and embeddings, zero biases, and the two
+        projections that write into the residual stream scaled by 1/√(2L), so the stream's
+        variance does not grow with depth (each block adds two such terms)."""
+        for name, p in self.named_parameters():
+            if name.endswith("bias") or name.endswith("beta"):
+                nn.init.zeros_(p)
+            elif name.endswith("gamma"):
+                nn.init.ones_(p)
+            elif name.endswith(("attn.W_O.weight", "ffn.W_out.weight")):
+                nn.init.normal_(p, 0.0, INIT_STD / math.sqrt(2 * self.config.n_layer))
+            else:
+                nn.init.normal_(p, 0.0, INIT_STD)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                kv_cache: ModelKVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx (B, T) token ids -> (logits (B, T, V), loss or None).
+
+        ``targets`` (B, T) are the next tokens; the loss is their mean cross-entropy (targets equal
+        to -100 are ignored). With ``kv_cache`` the T new tokens continue the cached positions.
+        """
+        if idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"idx must be (B, T) integer token ids, got shape {tuple(idx.shape)} and dtype "
+                             f"{idx.dtype}; for one sequence use idx[None]")
+        T = idx.shape[1]
+        offset = 0 if kv_cache is None else len(kv_cache)
+        if offset + T > self.config.n_ctx:
+            raise ValueError(f"sequence of {offset + T} tokens is longer than the context n_ctx={self.config.n_ctx}"
+                             f"; crop it to the last {self.config.n_ctx} tokens, e.g. idx[:, -n_ctx:]")
+        x = self.drop(self.wte(idx) + self.wpe(T, offset))  # (B, T, D)
+        for i, block in enumerate(self.blocks):
+            x = block(x, causal=True, kv_cache=None if kv_cache is None else kv_cache[i])
+        logits = F.linear(self.ln_f(x), self.wte.weight)  # (B, T, V): unembedding tied to W_emb
+        if targets is None:
+            return logits, None
+        if targets.shape != idx.shape:
+            raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, got {tuple(targets.shape)}")
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return logits, loss
+
+    @classmethod
+    def from_hf_state_dict(cls, state_dict: dict[str, torch.Tensor], n_head: int, eps: float = 1e-5) -> GPT:
+        """A GPT holding the weights of a Hugging Face ``GPT2LMHeadModel`` (or ``GPT2Model``) state dict.
+
+        HF's ``Conv1D`` layers store weights as (in, out), so they are transposed into our
+        ``nn.Linear`` (out, in); ``c_attn`` holds W_Q, W_K, W_V side by side. The number of heads
+        cannot be read off the weights, so it is passed in (``hf_model.config.n_head``).
+        """
+        sd = {k.removeprefix("transformer."): v for k, v in state_dict.items()}
+        missing = [k for k in ("wte.weight", "wpe.weight", "ln_f.weight") if k not in sd]
+        if missing:
+            raise KeyError(f"not a GPT-2 state dict: missing {', '.join(missing)}; pass hf_model.state_dict()")
+        V, D = sd["wte.weight"].shape
+        n_layer = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("h."))
+        d_ff = sd["h.0.mlp.c_fc.weight"].shape[1]
+        d_ff = None if d_ff == 4 * D else d_ff  # the default width
+        if "lm_head.weight" in sd and not torch.equal(sd["lm_head.weight"], sd["wte.weight"]):
+            raise ValueError("lm_head.weight differs from wte.weight; this GPT ties the unembedding to "
+                             "the token embedding, so it can only load tied checkpoints")
+        config = GPTConfig(V, sd["wpe.weight"].shape[0], n_layer, n_head, D, d_ff=d_ff, eps=eps)
+        ours: dict[str, torch.Tensor] = {"wte.weight": sd["wte.weight"], "wpe.weight": sd["wpe.weight"],
+                                         "ln_f.gamma": sd["ln_f.weight"], "ln_f.beta": sd["ln_f.bias"]}
+        for i in range(n_layer):
+            h, b = f"h.{i}.", f"blocks.{i}."
+            w_qkv, b_qkv = sd[h + "attn.c_attn.weight"].split(D, dim=1), sd[h + "attn.c_attn.bias"].split(D)
+            for j, name in enumerate(("W_Q", "W_K", "W_V")):
+                ours[b + f"attn.{name}.weight"] = w_qkv[j].t()
+                ours[b + f"attn.{name}.bias"] = b_qkv[j]
+            pairs = {"attn.W_O": "attn.c_proj", "ffn.W_in": "mlp.c_fc", "ffn.W_out": "mlp.c_proj"}
+            for mine, theirs in pairs.items():
+                ours[b + mine + ".weight"] = sd[h + theirs + ".weight"].t()
+                ours[b + mine + ".bias"] = sd[h + theirs + ".bias"]
+            for mine, theirs in (("norm1", "ln_1"), ("norm2", "ln_2")):
+                ours[b + mine + ".gamma"] = sd[h + theirs + ".weight"]
+                ours[b + mine + ".beta"] = sd[h + theirs + ".bias"]
+        with torch.device("meta"):
+            model = cls(config)
+        model.load_state_dict({k: v.detach().clone() for k, v in ours.items()}, strict=True, assign=True)
+        return model
+
+    @classmethod
+    def from_pretrained(cls, name: str = "gpt2") -> GPT:
+        """Download OpenAI's GPT-2 weights from the Hugging Face hub (needs ``transformers`` and a
+        connection, or a cached copy) and load them into a GPT."""
+        from transformers import GPT2LMHeadModel
+
+        hf = GPT2LMHeadModel.from_pretrained(name)
+        return cls.from_hf_state_dict(hf.state_dict(), n_head=hf.config.n_head, eps=hf.config.layer_norm_epsilon)
+
+
+# ---------------------------------------------------------------- counting parameters and compute
+
+def embedding_params(config: GPTConfig) -> int:
+    """Token embedding V·D (reused as the unembedding, so counted once) plus positions n_ctx·D."""
+    return (config.vocab_size + config.n_ctx) * config.d_model
+
+
+def count_params(config: GPTConfig) -> int:
+    """N = V·d + n_ctx·d + L·(12d² + 13d) + 2d for GPT-2's layout, exact for any config.
+
+    The per-block count comes from ``blocks.block_parameter_count`` (it knows d_ff, SwiGLU and
+    biases); the final LayerNorm adds 2d.
+    """
+    c = config
+    per_block = block_parameter_count(c.d_model, c.d_ff, c.activation, c.bias)
+    return embedding_params(c) + c.n_layer * per_block + 2 * c.d_model
+
+
+def count_params_approx(config: GPTConfig) -> int:
+    """12·L·d²: the weight matrices of the blocks (4d² attention + 8d² MLP each), the bulk for large d."""
+    return 12 * config.n_layer * config.d_model ** 2
+
+
+def count_instantiated(config: GPTConfig) -> int:
+    """Parameters of an actual ``GPT(config)``, built on the ``meta`` device (shapes only, no memory),
+    so even GPT-3's 175 billion cost nothing. Tied weights count once."""
+    with torch.device("meta"):
+        model = GPT(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def flops_per_token(config: GPTConfig, seq_len: int, training: bool = False) -> int:
+    """FLOPs to process one token with ``seq_len`` tokens of context (forward, or forward+backward).
+
+    Forward: 2 FLOPs (a multiply and an add) per parameter, 2N, plus the attention scores and the
+    weighted sum of values, 2·2·L·T·d (every key counted, as kernels compute them). Training adds
+    the backward pass, about twice the forward: 6N + 12·L·T·d.
+    """
+    if seq_len <= 0:
+        raise ValueError(f"seq_len must be positive, got {seq_len}")
+    forward = 2 * count_params(config) + 4 * config.n_layer * seq_len * config.d_model
+    return 3 * forward if training else forward
+
+
+def training_compute(n_params: int, n_tokens: int) -> int:
+    """C ≈ 6·N·D: training FLOPs for N parameters on D tokens (the scaling-laws estimate)."""
+    return 6 * n_params * n_tokens
+
+
+def size_report(config: GPTConfig, seq_len: int | None = None) -> dict[str, float]:
+    """The numbers the lesson's calculator shows for one config (``seq_len`` defaults to n_ctx)."""
+    n = count_params(config)
+    seq_len = config.n_ctx if seq_len is None else seq_len
+    return {
+        "params": n,
+        "approx_12Ld2": count_params_approx(config),
+        "embedding_share": embedding_params(config) / n,
+        "flops_per_token_forward": flops_per_token(config, seq_len),
+        "flops_per_token_training": flops_per_token(config, seq_len, training=True),
+        "memory_fp32_GB": 4 * n / 1e9,
+        "memory_bf16_GB": 2 * n / 1e9,
+    }

@@ -1,0 +1,199 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course_utils.gpt import (
+    GPT,
+    PRESETS,
+    GPTConfig,
+    count_instantiated,
+    count_params,
+    count_params_approx,
+    embedding_params,
+    flops_per_token,
+    size_report,
+    training_compute,
+)
+
+
+def small(**overrides) -> GPTConfig:
+    fields = {"vocab_size": 37, "n_ctx": 24, "n_layer": 3, "n_head": 4, "d_model": 32, **overrides}
+    return GPTConfig(**fields)
+
+
+# ------------------------------------------------------------------------ counting
+
+def test_gpt2_small_has_124_439_808_parameters():
+    c = GPTConfig.preset("gpt2")
+    V, n_ctx, L, d = c.vocab_size, c.n_ctx, c.n_layer, c.d_model
+    assert V * d + n_ctx * d + L * (12 * d * d + 13 * d) + 2 * d == 124_439_808
+    assert count_params(c) == 124_439_808
+    assert count_instantiated(c) == 124_439_808
+    assert round(embedding_params(c) / count_params(c), 2) == 0.32
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("gpt2-medium", 354_823_168), ("gpt2-large", 774_030_080), ("gpt2-xl", 1_557_611_200)])
+def test_gpt2_family_counts(name, expected):
+    assert count_params(GPTConfig.preset(name)) == count_instantiated(GPTConfig.preset(name)) == expected
+
+
+@pytest.mark.parametrize("overrides", [{}, {"activation": "swiglu"}, {"bias": False}, {"d_ff": 50},
+                                       {"activation": "swiglu", "d_ff": 88, "bias": False}])
+def test_formula_matches_the_instantiated_model(overrides):
+    c = small(**overrides)
+    assert count_params(c) == count_instantiated(c) == sum(p.numel() for p in GPT(c).parameters())
+
+
+def test_every_small_preset_matches_its_model():
+    for name in ("smoke", "cpu", "shakespeare-char"):
+        assert count_params(PRESETS[name]) == count_instantiated(PRESETS[name])
+
+
+def test_gpt3_is_dominated_by_its_blocks():
+    c = GPTConfig.preset("gpt3")
+    assert count_params_approx(c) == 173_946_175_488  # 12·L·d² ≈ 173.9 billion
+    assert embedding_params(c) / count_params(c) < 0.004
+    assert count_params(c) == count_instantiated(c)  # on the meta device: no memory
+
+
+def test_doubling_width_quadruples_block_parameters():
+    per_block = [(count_params(small(d_model=d)) - embedding_params(small(d_model=d)) - 2 * d) // 3
+                 for d in (256, 512)]
+    assert 3.9 < per_block[1] / per_block[0] < 4.0
+
+
+def test_flops_per_token():
+    c = GPTConfig.preset("gpt2")
+    n = count_params(c)
+    assert flops_per_token(c, 1024) == 2 * n + 4 * 12 * 1024 * 768
+    assert flops_per_token(c, 1024, training=True) == 3 * flops_per_token(c, 1024)
+    assert 2 * n < flops_per_token(c, 1) < 2.001 * n  # short context: ≈ 2N
+    assert training_compute(n, 10**9) == 6 * n * 10**9
+    with pytest.raises(ValueError, match="seq_len"):
+        flops_per_token(c, 0)
+
+
+def test_size_report():
+    r = size_report(GPTConfig.preset("gpt2"))
+    assert r["params"] == 124_439_808 and r["approx_12Ld2"] == 12 * 12 * 768 ** 2
+    assert r["memory_fp32_GB"] == pytest.approx(0.4977592) and r["memory_bf16_GB"] == r["memory_fp32_GB"] / 2
+
+
+# ------------------------------------------------------------------------ config
+
+def test_config_errors_name_the_fix():
+    with pytest.raises(ValueError, match="divisible by n_head"):
+        small(d_model=30)
+    with pytest.raises(ValueError, match="n_layer must be positive"):
+        small(n_layer=0)
+    with pytest.raises(KeyError, match="known presets: gpt2"):
+        GPTConfig.preset("gpt5")
+    assert GPTConfig.preset("shakespeare-char", vocab_size=65).vocab_size == 65
+
+
+# ------------------------------------------------------------------------ the model
+
+def test_forward_shapes_and_loss():
+    torch.manual_seed(0)
+    c = small()
+    model = GPT(c)
+    idx = torch.randint(0, c.vocab_size, (2, 10))
+    targets = torch.randint(0, c.vocab_size, (2, 10))
+    logits, loss = model(idx, targets)
+    assert logits.shape == (2, 10, c.vocab_size)
+    torch.testing.assert_close(loss, F.cross_entropy(logits.reshape(-1, c.vocab_size), targets.reshape(-1)))
+    assert abs(loss.item() - math.log(c.vocab_size)) < 0.1  # small init: near-uniform predictions
+    assert model(idx)[1] is None
+
+
+def test_unembedding_is_tied_to_the_token_embedding():
+    model = GPT(small())
+    names = [n for n, _ in model.named_parameters()]
+    assert "wte.weight" in names and not any("lm_head" in n for n in names)
+    x = model.ln_f(model.wte.weight[:3])  # feeding embedding rows straight into the head
+    torch.testing.assert_close(F.linear(x, model.wte.weight), x @ model.wte.weight.T)
+
+
+def test_attention_is_causal():
+    torch.manual_seed(1)
+    model = GPT(small()).eval()
+    idx = torch.randint(0, 37, (1, 12))
+    changed = idx.clone()
+    changed[0, 8:] = (changed[0, 8:] + 1) % 37
+    a, _ = model(idx)
+    b, _ = model(changed)
+    torch.testing.assert_close(a[:, :8], b[:, :8])  # positions before the change do not see it
+    assert not torch.allclose(a[:, 8:], b[:, 8:])
+
+
+def test_too_long_sequence_is_a_clear_error():
+    model = GPT(small())
+    with pytest.raises(ValueError, match=r"longer than the context n_ctx=24.*idx\[:, -n_ctx:\]"):
+        model(torch.zeros(1, 25, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"idx\[None\]"):
+        model(torch.zeros(5, dtype=torch.long))
+
+
+@torch.no_grad()
+def test_gpt2_initialisation():
+    torch.manual_seed(0)
+    c = small(n_layer=8, d_model=256, n_head=8)
+    model = GPT(c)
+    block = model.blocks[0]
+    assert abs(float(block.attn.W_Q.weight.std()) - 0.02) < 0.001
+    scaled = 0.02 / math.sqrt(2 * c.n_layer)
+    assert abs(float(block.attn.W_O.weight.std()) - scaled) < 0.0005
+    assert abs(float(block.ffn.W_out.weight.std()) - scaled) < 0.0005
+    assert abs(float(model.wte.weight.std()) - 0.02) < 0.002
+    assert float(block.attn.W_Q.bias.abs().max()) == 0.0
+    assert torch.equal(block.norm1.gamma, torch.ones(256))
+
+
+def test_training_uses_dropout_and_eval_does_not():
+    torch.manual_seed(0)
+    model = GPT(small(dropout=0.5))
+    idx = torch.randint(0, 37, (2, 8))
+    assert not torch.equal(model(idx)[0], model(idx)[0])
+    model.eval()
+    assert torch.equal(model(idx)[0], model(idx)[0])
+
+
+# ------------------------------------------------------------------------ parity with Hugging Face GPT-2
+
+def hf_model(vocab: int, n_ctx: int, d: int, n_layer: int, n_head: int, seed: int):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(vocab_size=vocab, n_positions=n_ctx, n_embd=d, n_layer=n_layer,
+                                     n_head=n_head, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                     bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(seed)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():  # random biases and norms too, so every mapped tensor matters
+        for name, p in model.named_parameters():
+            if not name.endswith("wte.weight"):
+                p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+@pytest.mark.parametrize("vocab, n_ctx, d, n_layer, n_head, T", [
+    (50, 16, 32, 2, 4, 1), (50, 16, 32, 2, 4, 16), (97, 64, 48, 3, 3, 33), (128, 40, 64, 1, 8, 40)])
+def test_logits_match_hugging_face_gpt2(vocab, n_ctx, d, n_layer, n_head, T):
+    hf = hf_model(vocab, n_ctx, d, n_layer, n_head, seed=T)
+    ours = GPT.from_hf_state_dict(hf.state_dict(), n_head=n_head).eval()
+    assert ours.config == GPTConfig(vocab, n_ctx, n_layer, n_head, d)
+    idx = torch.randint(0, vocab, (3, T), generator=torch.Generator().manual_seed(T))
+    with torch.no_grad():
+        expected = hf(idx).logits
+        got, _ = ours(idx)
+    assert (got - expected).abs().max() <= 1e-5
+
+
+def test_hf_loading_rejects_wrong_input():
+    with pytest.raises(KeyError, match="not a GPT-2 state dict"):
+        GPT.from_hf_state_dict(GPT(small()).state_dict(), n_head=4)
+    sd = dict(hf_model(50, 16, 32, 1, 4, seed=0).state_dict())
+    sd["lm_head.weight"] = sd["lm_head.weight"] + 1.0
+    with pytest.raises(ValueError, match="ties the unembedding"):
+        GPT.from_hf_state_dict(sd, n_head=4)
