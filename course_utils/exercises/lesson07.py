@@ -1,0 +1,309 @@
+"""Exercises of lesson 07: a causal pre-LN GPT block, the next-token loss, GPT's parameter count,
+temperature sampling, top-k and top-p filtering, and one attention step with a KV cache."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from course_utils.checks import Case, exercise
+from course_utils.gpt import GPTConfig, count_params
+
+
+def _close(a, b) -> bool:
+    return (isinstance(a, torch.Tensor) and a.shape == b.shape
+            and bool(torch.allclose(a.double(), b.double(), atol=1e-4, rtol=1e-3)))
+
+
+# ------------------------------------------------------------------ a causal pre-LN block
+
+BLOCK_SIZES = [(1, 1, 8, 2), (2, 5, 8, 2), (2, 7, 12, 3)]  # B, T, D, H
+
+
+def _block_weights(gen: torch.Generator, d: int) -> dict[str, torch.Tensor]:
+    def w(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen) / math.sqrt(shape[0])
+
+    return {"ln1_gamma": 1 + 0.3 * torch.randn(d, generator=gen), "ln1_beta": 0.3 * torch.randn(d, generator=gen),
+            "W_Q": w(d, d), "W_K": w(d, d), "W_V": w(d, d), "W_O": w(d, d),
+            "ln2_gamma": 1 + 0.3 * torch.randn(d, generator=gen), "ln2_beta": 0.3 * torch.randn(d, generator=gen),
+            "W_in": w(d, 4 * d), "W_out": w(4 * d, d)}
+
+
+def _block_cases(gen: torch.Generator) -> list[Case]:
+    return [Case(f"x (B={b}, T={t}, D={d}), n_heads={h}, weights as x @ W",
+                 (torch.randn(b, t, d, generator=gen), _block_weights(gen, d), h))
+            for b, t, d, h in BLOCK_SIZES]
+
+
+def _attend(x: torch.Tensor, w: dict[str, torch.Tensor], n_heads: int, diagonal: int | None = 0) -> torch.Tensor:
+    """Causal multi-head attention (mask: key s visible from query t when s <= t + diagonal)."""
+    B, T, D = x.shape
+
+    def heads(m: torch.Tensor) -> torch.Tensor:
+        return (x @ m).view(B, T, n_heads, D // n_heads).transpose(1, 2)  # (B, H, T, d)
+
+    q, k, v = heads(w["W_Q"]), heads(w["W_K"]), heads(w["W_V"])
+    scores = q @ k.transpose(-2, -1) / math.sqrt(D // n_heads)
+    if diagonal is not None:
+        allowed = torch.ones(T, T, dtype=torch.bool).tril(diagonal)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    out = torch.softmax(scores, dim=-1) @ v  # (B, H, T, d)
+    return out.transpose(1, 2).reshape(B, T, D) @ w["W_O"]
+
+
+def _block(x, w, n_heads, norm_first=True, diagonal: int | None = 0):
+    def ln(h, i):
+        return F.layer_norm(h, h.shape[-1:], w[f"ln{i}_gamma"], w[f"ln{i}_beta"], 1e-5)
+
+    def mlp(h):
+        return F.gelu(h @ w["W_in"], approximate="tanh") @ w["W_out"]
+
+    if not norm_first:
+        x = ln(x + _attend(x, w, n_heads, diagonal), 1)
+        return ln(x + mlp(x), 2)
+    x = x + _attend(ln(x, 1), w, n_heads, diagonal)
+    return x + mlp(ln(x, 2))
+
+
+def _block_hint(case: Case, got, expected) -> str | None:
+    x, w, h = case.args
+    if isinstance(got, torch.Tensor) and got.shape == expected.shape and bool(torch.isnan(got[:, 0]).any()):
+        return ("the first token has no key left to attend to: the mask must let each token see itself "
+                "(keep the diagonal, tril(diagonal=0))")
+    if x.shape[1] > 1 and _close(got, _block(x, w, h, diagonal=1)):
+        return "each token sees one token into the future: the mask is off by one (use tril, diagonal=0)"
+    if x.shape[1] > 1 and _close(got, _block(x, w, h, diagonal=None)):
+        return "no causal mask: a GPT token must not attend to later positions"
+    if _close(got, _block(x, w, h, norm_first=False)):
+        return "that is post-LN (LN(x + F(x))); GPT-2's pre-LN computes x + F(LN(x)) for both sublayers"
+    return None
+
+
+@exercise(cases=_block_cases, hints=[_block_hint])
+def gpt_block(x: torch.Tensor, weights: dict[str, torch.Tensor], n_heads: int) -> torch.Tensor:
+    """x (B, T, D) -> (B, T, D): x + Attn(LN1(x)), then x + MLP(LN2(x)), with causal attention.
+
+    Matrices act as ``x @ W`` (W_Q, W_K, W_V, W_O are (D, D), W_in (D, 4D), W_out (4D, D)), no
+    biases; LayerNorm eps 1e-5; the MLP uses GELU with the tanh approximation (GPT-2's).
+    """
+    return _block(x, weights, n_heads)
+
+
+# ------------------------------------------------------------------ the next-token loss
+
+def _loss_cases(gen: torch.Generator) -> list[Case]:
+    sizes = [(1, 2, 5), (2, 6, 11), (3, 9, 7)]
+    return [Case(f"logits (B={b}, T={t}, V={v}), tokens (B={b}, T={t})",
+                 (2 * torch.randn(b, t, v, generator=gen), torch.randint(0, v, (b, t), generator=gen)))
+            for b, t, v in sizes]
+
+
+def _loss_hint(case: Case, got, expected) -> str | None:
+    logits, tokens = case.args
+    V = logits.shape[-1]
+    if not isinstance(got, (torch.Tensor, float)):
+        return None
+    got = float(got)
+    if math.isclose(got, float(F.cross_entropy(logits.reshape(-1, V), tokens.reshape(-1))), rel_tol=1e-4):
+        return "no shift: position t must be scored on the token at t + 1 (logits[:, :-1] against tokens[:, 1:])"
+    if math.isclose(got, float(F.cross_entropy(logits[:, 1:].reshape(-1, V), tokens[:, :-1].reshape(-1))),
+                    rel_tol=1e-4):
+        return "shifted the wrong way: drop the last position's logits and the first token"
+    probs = torch.softmax(logits[:, :-1], -1).reshape(-1, V)
+    if math.isclose(got, float(F.nll_loss(probs, tokens[:, 1:].reshape(-1))), rel_tol=1e-4):
+        return "take the log of the softmax (cross-entropy is −log p of the right token)"
+    return None
+
+
+@exercise(cases=_loss_cases, hints=[_loss_hint])
+def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """logits (B, T, V) of a model that read tokens (B, T) -> scalar tensor: the mean cross-entropy of
+    predicting tokens[:, t + 1] from position t, over all B·(T − 1) predictions."""
+    V = logits.shape[-1]
+    return F.cross_entropy(logits[:, :-1].reshape(-1, V), tokens[:, 1:].reshape(-1))
+
+
+# ------------------------------------------------------------------ counting parameters
+
+def _count_cases(gen: torch.Generator) -> list[Case]:
+    rand = [int(torch.randint(lo, hi, (), generator=gen)) for lo, hi in ((50, 5000), (8, 512), (4, 64), (1, 9))]
+    return [Case("GPT-2 small: V=50257, n_ctx=1024, d=768, L=12", (50257, 1024, 768, 12)),
+            Case("GPT-2 medium: V=50257, n_ctx=1024, d=1024, L=24", (50257, 1024, 1024, 24)),
+            Case("a random small GPT", tuple(rand[:2]) + (rand[2] * 2, rand[3]))]
+
+
+def _count_hint(case: Case, got, expected) -> str | None:
+    V, n_ctx, d, L = case.args
+    if not isinstance(got, int):
+        return "return a Python int"
+    misses = {V * d: "the unembedding is tied to the token embedding: count V·d once",
+              -L * 13 * d: "the biases and the two LayerNorms add 13d per block",
+              -2 * d: "the final LayerNorm adds 2d (γ and β)",
+              -n_ctx * d: "the learned position table adds n_ctx·d",
+              -V * d: "the token embedding adds V·d"}
+    if got - expected in misses:
+        return misses[got - expected]
+    if got == 12 * L * d * d:
+        return "12·L·d² is only the block matrices; add embeddings, biases and norms"
+    return None
+
+
+@exercise(cases=_count_cases, hints=[_count_hint])
+def gpt_param_count(V: int, n_ctx: int, d: int, L: int) -> int:
+    """The exact number of parameters of a GPT-2-style model: vocabulary V, context n_ctx, width d,
+    L blocks (MLP width 4d, biases everywhere, tied unembedding)."""
+    return count_params(GPTConfig(vocab_size=V, n_ctx=n_ctx, n_layer=L, n_head=1, d_model=d))
+
+
+# ------------------------------------------------------------------ sampling with a temperature
+
+def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    cdf = torch.cumsum(weights.double(), dim=-1)
+    return torch.searchsorted(cdf, u.double()[:, None] * cdf[:, -1:], right=True).squeeze(-1)
+
+
+def _temperature_cases(gen: torch.Generator) -> list[Case]:
+    cases = []
+    for b, v, temp in [(4, 6, 1.0), (8, 10, 0.5), (8, 10, 2.0), (3, 7, 0.0)]:
+        logits = 2 * torch.randn(b, v, generator=gen)
+        u = torch.rand(b, generator=gen)
+        label = f"logits (B={b}, V={v}), temperature {temp:g}" + (" (greedy)" if temp == 0 else "")
+        cases.append(Case(label, (logits, temp, u)))
+    return cases
+
+
+def _temperature_hint(case: Case, got, expected) -> str | None:
+    logits, temp, u = case.args
+    if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+        return None
+    if temp == 0:
+        return "temperature 0 means greedy: return logits.argmax(-1)"
+    if torch.equal(got, logits.argmax(-1)):
+        return "that is greedy decoding; draw from the distribution with u"
+    if torch.equal(got, _inverse_cdf(torch.softmax(logits, -1), u)):
+        return "the temperature is missing: divide the logits by it before the softmax"
+    if torch.equal(got, _inverse_cdf(torch.softmax(logits * temp, -1), u)):
+        return "divide the logits by the temperature, do not multiply"
+    return ("turn the scaled logits into probabilities with softmax before the cumulative sum: "
+            "sampling from raw logits is not sampling from the model's distribution")
+
+
+@exercise(cases=_temperature_cases, hints=[_temperature_hint])
+def sample_with_temperature(logits: torch.Tensor, temperature: float, u: torch.Tensor) -> torch.Tensor:
+    """logits (B, V), uniform numbers u (B,) in [0, 1) -> token ids (B,).
+
+    p = softmax(logits / temperature); token = the first index whose cumulative probability exceeds
+    u (``torch.searchsorted(cdf, u, right=True)``). Temperature 0 means greedy (arg-max).
+    """
+    if temperature == 0:
+        return logits.argmax(-1)
+    return _inverse_cdf(torch.softmax(logits / temperature, dim=-1), u)
+
+
+# ------------------------------------------------------------------ top-k and top-p
+
+def _filter_cases(gen: torch.Generator, values: list) -> list[Case]:
+    return [Case(f"logits (B={b}, V={v}), {name}={val}", (1.5 * torch.randn(b, v, generator=gen), val))
+            for (b, v), (name, val) in zip([(2, 5), (4, 12), (6, 30)], values, strict=True)]
+
+
+def _k_cases(gen: torch.Generator) -> list[Case]:
+    return _filter_cases(gen, [("k", 1), ("k", 3), ("k", 10)])
+
+
+def _top_k_hint(case: Case, got, expected) -> str | None:
+    logits, k = case.args
+    if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+        return None
+    sums_to_one = torch.allclose(got.sum(-1), torch.ones(got.shape[0]), atol=1e-4)
+    if torch.equal(got > 0, expected > 0) and not sums_to_one:
+        return "renormalise: the kept probabilities must sum to 1 (softmax over the kept logits)"
+    if int((got > 0).sum(-1)[0]) != k:
+        return f"keep exactly the k={k} largest logits per row (torch.topk), set the rest to -inf"
+    return None
+
+
+@exercise(cases=_k_cases, hints=[_top_k_hint])
+def top_k_probs(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """logits (B, V) -> probabilities (B, V): only the k most likely tokens keep probability,
+    renormalised to sum to 1."""
+    kth = torch.topk(logits, k, dim=-1).values[:, -1:]
+    return torch.softmax(logits.masked_fill(logits < kth, float("-inf")), dim=-1)
+
+
+def _p_cases(gen: torch.Generator) -> list[Case]:
+    return _filter_cases(gen, [("p", 0.7), ("p", 0.8), ("p", 0.95)])
+
+
+def _top_p_reference(logits: torch.Tensor, p: float, keep_crossing: bool = True) -> torch.Tensor:
+    probs = torch.softmax(logits, -1)
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    mass = sorted_p.cumsum(-1) - (sorted_p if keep_crossing else 0)
+    drop_sorted = mass >= p
+    if not keep_crossing:
+        drop_sorted[:, 0] = False
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    kept = probs.masked_fill(drop, 0.0)
+    return kept / kept.sum(-1, keepdim=True)
+
+
+def _top_p_hint(case: Case, got, expected) -> str | None:
+    logits, p = case.args
+    if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+        return None
+    if torch.equal(got > 0, _top_p_reference(logits, p, keep_crossing=False) > 0):
+        return ("the token whose probability carries the sum past p was dropped: keep a token while the "
+                "mass of the tokens ranked above it is below p")
+    if torch.equal(got > 0, expected > 0):
+        return "the right tokens are kept; renormalise their probabilities to sum to 1"
+    return None
+
+
+@exercise(cases=_p_cases, hints=[_top_p_hint])
+def top_p_probs(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """logits (B, V) -> probabilities (B, V) under nucleus (top-p) sampling: the smallest set of most
+    likely tokens whose probabilities sum to at least p keeps its mass, renormalised."""
+    return _top_p_reference(logits, p)
+
+
+# ------------------------------------------------------------------ one step with a KV cache
+
+def _kv_cases(gen: torch.Generator) -> list[Case]:
+    cases = []
+    for b, h, s, d in [(1, 1, 1, 4), (2, 3, 5, 8), (1, 4, 9, 16)]:
+        def r(*shape):
+            return torch.randn(*shape, generator=gen)
+
+        cases.append(Case(f"q, k_new, v_new (B={b}, H={h}, 1, d={d}), caches (B={b}, H={h}, S={s}, d={d})",
+                          (r(b, h, 1, d), r(b, h, 1, d), r(b, h, 1, d), r(b, h, s, d), r(b, h, s, d))))
+    return cases
+
+
+def _kv_hint(case: Case, got, expected) -> str | None:
+    q, k_new, v_new, k_cache, v_cache = case.args
+    if not isinstance(got, (tuple, list)) or len(got) != 3:
+        return "return a tuple (out, k_all, v_all)"
+    out = got[0]
+    if _close(out, torch.softmax(q @ k_cache.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1) @ v_cache):
+        return "the new token must also attend to itself: append k_new and v_new before attending"
+    if _close(out, torch.softmax(q @ expected[1].transpose(-2, -1), -1) @ expected[2]):
+        return "scale the scores by 1/√d"
+    if isinstance(got[1], torch.Tensor) and _close(got[1], torch.cat([k_new, k_cache], dim=-2)):
+        return "append the new key at the end (the newest position is last): torch.cat([k_cache, k_new], dim=-2)"
+    return None
+
+
+@exercise(cases=_kv_cases, hints=[_kv_hint])
+def kv_attention_step(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
+                      v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One generation step of one attention layer. q, k_new, v_new (B, H, 1, d) belong to the new
+    token; k_cache, v_cache (B, H, S, d) to the S earlier ones. Returns (out (B, H, 1, d),
+    k_all (B, H, S+1, d), v_all (B, H, S+1, d)): the new token attends to every position, itself
+    included; no mask is needed since nothing later exists yet."""
+    k_all = torch.cat([k_cache, k_new], dim=-2)
+    v_all = torch.cat([v_cache, v_new], dim=-2)
+    weights = torch.softmax(q @ k_all.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    return weights @ v_all, k_all, v_all
