@@ -253,3 +253,55 @@ def test_two_process_ddp_equals_one_process_with_the_whole_batch(corpus, tmp_pat
     for name, p in one["model"].items():
         torch.testing.assert_close(ddp["model"][name], p, atol=1e-5, rtol=1e-4, msg=name)
     assert asdict(T.TrainConfig(**ddp["train_config"]))["batch_size"] == 4
+
+
+# --- lesson 08 exercises: references agree with PyTorch, hints name the mistake ---------------------
+from course_utils import checks  # noqa: E402
+from course_utils.exercises import lesson08 as ex  # noqa: E402
+
+
+def test_exercise_references_match_pytorch():
+    grads = [torch.randn(3, 4) * 5, torch.randn(7)]
+    params = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g.clone()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    for p, got in zip(params, ex.clip_gradients(grads, 1.0), strict=True):
+        torch.testing.assert_close(got, p.grad)
+    data, starts = torch.arange(100), torch.tensor([0, 5, 90])
+    x, y = ex.shifted_windows(data, starts, 9)
+    assert torch.equal(x[:, 0], starts) and torch.equal(y, x + 1) and x.shape == (3, 9)
+    assert ex.perplexity(torch.zeros(4, 65), torch.zeros(4, dtype=torch.long)).item() == pytest.approx(65)
+
+
+@pytest.mark.parametrize("name", ["shifted_windows", "perplexity", "lr_schedule", "bpe_merge", "clip_gradients"])
+def test_exercise_reference_passes_its_own_check(name):
+    result = checks.run(name, checks.get(name).reference, seed=0)
+    assert result.status == checks.PASS, result.report()
+
+
+def wrong(name, fn):
+    return checks.run(name, fn, seed=1).report()
+
+
+def test_exercise_hints():
+    import torch.nn.functional as F
+
+    def unshifted(data, starts, t):
+        x = data[starts[:, None] + torch.arange(t)]
+        return x, x
+
+    assert "next token" in wrong("shifted_windows", unshifted)
+    assert "exponential" in wrong("perplexity", lambda lg, t: F.cross_entropy(lg, t))
+    assert "in nats" in wrong("perplexity", lambda lg, t: 2 ** F.cross_entropy(lg, t))
+    off_by_one = lambda s, m, lr, lo, w: lr * s / w if s < w else T.lr_at(s, m, lr, lo, w)
+    assert "off by one" in wrong("lr_schedule", off_by_one)
+    to_zero = lambda s, m, lr, lo, w: T.lr_at(s, m, lr, 0.0, w)
+    assert "end at min_lr" in wrong("lr_schedule", to_zero)
+
+    greedy = lambda ids, p, n: [n if t == p[0] else t for t in ids if t != p[1]]
+    assert "merged overlapping" in wrong("bpe_merge", greedy)
+    per_tensor = lambda gs, m: [g * min(1.0, m / (g.norm() + 1e-6)) for g in gs]
+    assert "global norm" in wrong("clip_gradients", per_tensor)
+    always = lambda gs, m: [g * m / torch.sqrt(sum((x ** 2).sum() for x in gs)) for g in gs]
+    assert "unchanged" in wrong("clip_gradients", always)
