@@ -93,8 +93,9 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor | Sequence[int],
     if positions.ndim == 0 or positions.shape[-1] != x.shape[-2]:
         raise ValueError(f"positions must have one entry per token: last dimension {x.shape[-2]} "
                          f"(x has shape {tuple(x.shape)}), got shape {tuple(positions.shape)}")
-    omega = sinusoidal_frequencies(x.shape[-1], base).to(device=x.device, dtype=torch.float32)
-    angle = positions.to(torch.float32)[..., None] * omega  # (..., T, d/2)
+    exact = torch.float32 if x.device.type == "mps" else torch.float64  # MPS has no float64
+    omega = sinusoidal_frequencies(x.shape[-1], base).to(device=x.device, dtype=exact)
+    angle = positions.to(exact)[..., None] * omega  # (..., T, d/2); float64 keeps large positions accurate
     cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
     x_even, x_odd = x[..., 0::2], x[..., 1::2]
     rotated = torch.stack([x_even * cos - x_odd * sin, x_even * sin + x_odd * cos], dim=-1)

@@ -156,8 +156,9 @@ def pre_ln_sublayer(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, W_
 
 
 def _count_cases(gen: torch.Generator) -> list[Case]:
-    sizes = [(64, 256), (768, 3072), (int(torch.randint(8, 512, (1,), generator=gen)), 1000)]
-    return [Case(f"d_model and d_ff case {i + 1}", (d, f)) for i, (d, f) in enumerate(sizes)]
+    # fixed sizes: a passing check prints "expected N, got N", which must not change run to run
+    sizes = [(64, 256), (768, 3072), (100, 300)]
+    return [Case(f"d_model={d}, d_ff={f}", (d, f)) for d, f in sizes]
 
 
 def _count_hint(case: Case, got, expected) -> str | None:

@@ -58,7 +58,7 @@ def _rope_cases(gen: torch.Generator) -> list[Case]:
     cases = []
     for b, h, t, d in [(1, 1, 3, 2), (2, 2, 5, 8), (1, 4, 7, 16)]:
         x = torch.randn(b, h, t, d, generator=gen)
-        positions = torch.randint(0, 200, (t,), generator=gen)
+        positions = torch.randint(0, 64, (t,), generator=gen)
         cases.append(Case(f"x (B={b}, H={h}, T={t}, d_head={d}), positions (T,)", (x, positions)))
     return cases
 
@@ -90,7 +90,7 @@ def _rope_hint(case: Case, got, expected) -> str | None:
     return None
 
 
-@exercise(cases=_rope_cases, hints=[_rope_hint])
+@exercise(cases=_rope_cases, hints=[_rope_hint], atol=1e-4)
 def rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """x (..., T, d) with d even, positions (T,) -> (..., T, d): rotate each pair (x_2i, x_2i+1) of
     token t by the angle θ = ω_i · positions[t], ω_i = 10000^(−2i/d)."""
