@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -42,10 +42,9 @@ class EncoderConfig:
     pooler: bool = True
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.type == "int" and f.name != "pad_id" and value <= 0:
-                raise ValueError(f"EncoderConfig.{f.name} must be positive, got {value}")
+        for name in ("vocab_size", "max_len", "n_types", "d_model", "n_heads", "n_layers", "d_ff"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"EncoderConfig.{name} must be positive, got {getattr(self, name)}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
                              "pick a number of heads that divides d_model")
