@@ -1,0 +1,185 @@
+import math
+
+import pytest
+import torch
+
+from course_utils import tokenize
+from course_utils import word2vec as w2v
+
+
+def test_keep_probabilities_follow_gensims_rule():
+    counts = torch.tensor([1000.0, 100.0, 10.0, 1.0])
+    sample = 0.01
+    keep = w2v.keep_probabilities(counts, sample)
+    threshold = sample * counts.sum()
+    expected = [min(1.0, (math.sqrt(c / threshold) + 1) * threshold / c) for c in counts.tolist()]
+    assert torch.allclose(keep, torch.tensor(expected, dtype=torch.float64))
+    assert keep[0] < 0.2 and keep[-1] == 1.0  # the frequent word loses most occurrences
+    assert torch.equal(w2v.keep_probabilities(counts, 0.0), torch.ones(4, dtype=torch.float64))
+
+
+def test_noise_distribution_and_draws():
+    counts = torch.tensor([81.0, 16.0, 1.0])
+    p = w2v.noise_distribution(counts)
+    assert torch.allclose(p, torch.tensor([27.0, 8.0, 1.0], dtype=torch.float64) / 36)
+    gen = torch.Generator().manual_seed(0)
+    draws = w2v.draw_negatives(p.cumsum(0), (50_000, 4), gen)
+    assert draws.shape == (50_000, 4) and draws.dtype == torch.long
+    freq = torch.bincount(draws.flatten(), minlength=3) / draws.numel()
+    assert (freq - p).abs().max() < 0.01
+
+
+def _brute_pairs(ids, sent, window):
+    pairs = []
+    for o in range(1, window + 1):
+        for i in range(len(ids) - o):
+            if sent[i] == sent[i + o]:
+                pairs.append((ids[i], ids[i + o]))
+        for i in range(len(ids) - o):
+            if sent[i] == sent[i + o]:
+                pairs.append((ids[i + o], ids[i]))
+    return pairs
+
+
+def test_skipgram_pairs_fixed_window_matches_brute_force():
+    ids = torch.tensor([10, 11, 12, 13, 14, 15, 16])
+    sent = torch.tensor([0, 0, 0, 0, 1, 1, 1])
+    c, o = w2v.skipgram_pairs(ids, sent, window=2)
+    assert list(zip(c.tolist(), o.tolist(), strict=True)) == _brute_pairs(ids.tolist(), sent.tolist(), 2)
+    assert (11, 10) in zip(c.tolist(), o.tolist(), strict=True)
+    assert (13, 14) not in zip(c.tolist(), o.tolist(), strict=True)  # a sentence boundary
+
+
+def test_skipgram_pairs_dynamic_window_is_a_subset_weighted_to_near_words():
+    gen = torch.Generator().manual_seed(0)
+    n, window = 20_000, 4
+    ids = torch.arange(n)
+    c, o = w2v.skipgram_pairs(ids, torch.zeros(n, dtype=torch.long), window, gen)
+    offsets = (o - c).abs()
+    assert offsets.min() == 1 and offsets.max() == window
+    share = torch.bincount(offsets, minlength=window + 1)[1:].double() / (2 * n)
+    # offset k is used when the sampled reach w >= k: probability (window - k + 1) / window
+    expected = torch.tensor([(window - k + 1) / window for k in range(1, window + 1)], dtype=torch.float64)
+    assert (share - expected).abs().max() < 0.02
+
+
+def test_skipgram_pairs_edge_cases_and_errors():
+    c, o = w2v.skipgram_pairs(torch.tensor([3]), torch.tensor([0]), 5)
+    assert c.numel() == 0 and o.numel() == 0
+    with pytest.raises(ValueError, match="equal length"):
+        w2v.skipgram_pairs(torch.arange(3), torch.zeros(2, dtype=torch.long), 2)
+    with pytest.raises(ValueError, match="window must be at least 1"):
+        w2v.skipgram_pairs(torch.arange(3), torch.zeros(3, dtype=torch.long), 0)
+
+
+def test_sgns_loss_matches_the_formula():
+    gen = torch.Generator().manual_seed(1)
+    v, u, n = torch.randn(6, 8, generator=gen), torch.randn(6, 8, generator=gen), torch.randn(6, 3, 8, generator=gen)
+    got = w2v.sgns_loss(v, u, n)
+    sig = torch.sigmoid
+    expected = torch.stack([
+        -torch.log(sig(u[b] @ v[b])) - sum(torch.log(sig(-(n[b, k] @ v[b]))) for k in range(3))
+        for b in range(6)
+    ])
+    assert got.shape == (6,)
+    assert torch.allclose(got, expected, atol=1e-5)
+    with pytest.raises(ValueError, match=r"u_noise \(B, K, D\)"):
+        w2v.sgns_loss(v, u, n[:, :, :4])
+
+
+def test_sgd_step_equals_autograd_sgd():
+    gen = torch.Generator().manual_seed(2)
+    manual = w2v.SkipGram(12, 5, gen)
+    manual.out_embed.data.normal_(generator=gen)
+    auto = w2v.SkipGram(12, 5)
+    auto.load_state_dict(manual.state_dict())
+    centre = torch.tensor([0, 1, 1, 3, 0, 7])  # repeated ids: their updates must add up
+    context = torch.tensor([2, 2, 5, 4, 1, 0])
+    noise = torch.randint(0, 12, (6, 4), generator=gen)
+    loss_before = auto(centre, context, noise).mean().item()
+    reported = manual.sgd_step(centre, context, noise, lr=0.1)
+    auto(centre, context, noise).sum().backward()
+    with torch.no_grad():
+        for p in auto.parameters():
+            p -= 0.1 * p.grad
+    assert reported == pytest.approx(loss_before, rel=1e-5)
+    assert torch.allclose(manual.in_embed, auto.in_embed, atol=1e-6)
+    assert torch.allclose(manual.out_embed, auto.out_embed, atol=1e-6)
+
+
+def _toy_vectors():
+    words = ["man", "woman", "king", "queen", "apple"]
+    vecs = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [1.0, 0.0, 1.0], [1.0, 1.0, 1.0], [-1.0, 0.2, 0.1]])
+    return w2v.WordVectors(words, vecs)
+
+
+def test_word_vectors_neighbours_and_analogy():
+    wv = _toy_vectors()
+    assert wv.analogy("man", "woman", "king")[0][0] == "queen"
+    top = wv.most_similar("king", topn=10)
+    assert [w for w, _ in top][:1] == ["queen"] and "king" not in [w for w, _ in top]
+    assert len(top) == 4
+    assert top[0][1] == pytest.approx(2 / math.sqrt(6), abs=1e-4)
+    assert wv.similarity("man", "man") == pytest.approx(1.0)
+    assert torch.equal(wv["apple"], torch.tensor([-1.0, 0.2, 0.1]))
+    with pytest.raises(KeyError, match="lower min_count"):
+        wv["pear"]
+    with pytest.raises(ValueError, match="one row per word"):
+        w2v.WordVectors(["a"], torch.zeros(2, 3))
+
+
+def test_read_benchmarks():
+    questions = w2v.read_analogies()
+    assert len(questions) == 19544
+    assert len({q[0] for q in questions}) == 14
+    assert questions[0] == ("capital-common-countries", "athens", "greece", "baghdad", "iraq")
+    pairs = w2v.read_word_pairs(w2v.benchmark_file("wordsim353.tsv"))
+    assert len(pairs) == 353 and pairs[0] == ("love", "sex", 6.77)
+    with pytest.raises(ValueError, match="choose one of"):
+        w2v.benchmark_file("nope.txt")
+
+
+@pytest.fixture(scope="module")
+def lee_sentences():
+    return tokenize.sentences(w2v.benchmark_file("lee_background.cor").read_text(encoding="utf-8"))
+
+
+def test_evaluation_matches_gensim(lee_sentences):
+    gensim = pytest.importorskip("gensim")
+    model = gensim.models.Word2Vec(lee_sentences, vector_size=20, window=3, min_count=2, sg=1, epochs=3,
+                                   seed=0, workers=1)
+    wv = w2v.WordVectors.from_gensim(model.wv)
+    ours = w2v.evaluate_analogies(wv, w2v.read_analogies())
+    _, sections = model.wv.evaluate_word_analogies(str(w2v.benchmark_file("questions-words.txt")))
+    theirs = {s["section"]: (len(s["correct"]), len(s["correct"]) + len(s["incorrect"])) for s in sections}
+    total = theirs.pop("Total accuracy")
+    assert sum(ours.total.values()) == total[1] > 50
+    assert sum(ours.correct.values()) == total[0]
+    for name, (correct, asked) in theirs.items():
+        if asked:
+            assert ours.section(name) == (correct, asked)
+    path = w2v.benchmark_file("wordsim353.tsv")
+    rho, n = w2v.evaluate_similarity(wv, w2v.read_word_pairs(path))
+    _, (their_rho, _), _ = model.wv.evaluate_word_pairs(str(path))
+    assert rho == pytest.approx(their_rho, abs=1e-6)
+    assert n > 30
+
+
+def test_train_is_deterministic_and_learns(lee_sentences):
+    config = w2v.Word2VecConfig(dim=8, window=2, min_count=3, epochs=2, batch_size=512, seed=3)
+    first = w2v.train(lee_sentences[:1500], config, log_every=10, progress=False)
+    second = w2v.train(lee_sentences[:1500], config, log_every=10, progress=False)
+    assert torch.equal(first.vectors.vectors, second.vectors.vectors)
+    assert first.vectors.vectors.shape == (len(first.vocab), 8)
+    assert first.vocab.itos[0] == "the" and first.vocab.count("the") >= 3
+    assert len(first.pairs_per_epoch) == 2 and first.seconds > 0
+    assert first.losses[-1] < first.losses[0] < 6 * math.log(2) + 1e-3  # starts at (1+K)·log 2
+
+
+def test_train_and_config_errors():
+    with pytest.raises(ValueError, match="tokenize.sentences"):
+        w2v.train(["to", "be"])
+    with pytest.raises(ValueError, match="window must be a positive integer"):
+        w2v.Word2VecConfig(window=0)
+    with pytest.raises(ValueError, match="min_lr"):
+        w2v.Word2VecConfig(lr=0.01, min_lr=0.1)
