@@ -179,3 +179,28 @@ def test_generate_restores_training_mode_and_checks_input():
         generate(model, torch.tensor([1, 2]), 2)
     with pytest.raises(ValueError, match="top_p"):
         generate(model, torch.tensor([[1]]), 2, top_p=2.0)
+
+
+# ------------------------------------------------------------------------ lesson 07 exercises
+
+def test_sampling_exercises_catch_the_classic_mistakes():
+    from course_utils.checks import FAIL, PASS, run
+    from course_utils.exercises import lesson07 as ex
+
+    for name in ("sample_with_temperature", "top_k_probs", "top_p_probs", "kv_attention_step"):
+        assert run(name, getattr(ex, name), seed=0).status == PASS
+
+    def from_logits(logits, temperature, u):  # inverse CDF over logits, not probabilities
+        return ex._inverse_cdf(logits / temperature, u) if temperature else logits.argmax(-1)
+
+    result = run("sample_with_temperature", from_logits, seed=0)
+    assert result.status == FAIL and "softmax" in result.report()
+    result = run("top_p_probs", lambda lg, p: ex._top_p_reference(lg, p, keep_crossing=False), seed=0)
+    assert result.status == FAIL and "carries the sum past p" in result.report()
+
+    def cache_only(q, k_new, v_new, k_cache, v_cache):  # forgot to append the new key and value
+        weights = torch.softmax(q @ k_cache.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1)
+        return weights @ v_cache, torch.cat([k_cache, k_new], -2), torch.cat([v_cache, v_new], -2)
+
+    result = run("kv_attention_step", cache_only, seed=0)
+    assert result.status == FAIL and "attend to itself" in result.report()

@@ -197,3 +197,27 @@ def test_hf_loading_rejects_wrong_input():
     sd["lm_head.weight"] = sd["lm_head.weight"] + 1.0
     with pytest.raises(ValueError, match="ties the unembedding"):
         GPT.from_hf_state_dict(sd, n_head=4)
+
+
+# ------------------------------------------------------------------------ lesson 07 exercises
+
+def test_block_exercise_catches_an_off_by_one_causal_mask():
+    from course_utils.checks import FAIL, PASS, run
+    from course_utils.exercises import lesson07 as ex
+
+    assert run("gpt_block", ex.gpt_block, seed=0).status == PASS
+    for diagonal, words in ((1, "off by one"), (-1, "see itself")):
+        result = run("gpt_block", lambda x, w, h, dg=diagonal: ex._block(x, w, h, diagonal=dg), seed=0)
+        assert result.status == FAIL and words in result.report()
+    assert "post-LN" in run("gpt_block", lambda x, w, h: ex._block(x, w, h, norm_first=False), seed=0).report()
+
+
+def test_count_and_loss_exercises():
+    from course_utils.checks import PASS, run
+    from course_utils.exercises import lesson07 as ex
+
+    assert run("gpt_param_count", ex.gpt_param_count).status == PASS
+    tied_twice = run("gpt_param_count", lambda V, n, d, L: ex.gpt_param_count(V, n, d, L) + V * d)
+    assert "tied" in tied_twice.report()
+    unshifted = run("next_token_loss", lambda lg, t: F.cross_entropy(lg.flatten(0, 1), t.flatten()), seed=0)
+    assert "no shift" in unshifted.report()

@@ -129,10 +129,10 @@ def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------ counting parameters
 
 def _count_cases(gen: torch.Generator) -> list[Case]:
-    rand = [int(torch.randint(lo, hi, (), generator=gen)) for lo, hi in ((50, 5000), (8, 512), (4, 64), (1, 9))]
+    # fixed sizes: the check prints the counts, and stored notebook outputs must not change run to run
     return [Case("GPT-2 small: V=50257, n_ctx=1024, d=768, L=12", (50257, 1024, 768, 12)),
             Case("GPT-2 medium: V=50257, n_ctx=1024, d=1024, L=24", (50257, 1024, 1024, 24)),
-            Case("a random small GPT", tuple(rand[:2]) + (rand[2] * 2, rand[3]))]
+            Case("the Shakespeare model: V=84, n_ctx=256, d=384, L=6", (84, 256, 384, 6))]
 
 
 def _count_hint(case: Case, got, expected) -> str | None:
