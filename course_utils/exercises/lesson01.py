@@ -1,0 +1,194 @@
+"""Exercises of lesson 01: the embedding lookup as a one-hot product, (centre, context) pairs of a
+window, the negative-sampling loss, cosine nearest neighbours and the 3CosAdd analogy.
+
+The hints rebuild the usual mistakes (off-by-one ids, the centre paired with itself, the wrong
+sign on the noise words, dot products instead of cosines, the query words left in the answer).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from course_utils.checks import Case, exercise
+from course_utils.word2vec import sgns_loss
+
+
+def _close(got, alt: torch.Tensor) -> bool:
+    return (isinstance(got, torch.Tensor) and got.shape == alt.shape and got.is_floating_point()
+            and torch.allclose(got, alt, atol=1e-4, rtol=1e-3))
+
+
+# --- the embedding lookup -----------------------------------------------------------------------
+
+
+def _lookup_cases(gen: torch.Generator) -> list[Case]:
+    sizes = [(10, 5, 1), (10, 5, 4), (50, 8, 12), (200, 16, 30)]
+    return [Case(f"ids (N={n},) from V={v}, W_emb (V={v}, D={d})",
+                 (torch.randint(0, v, (n,), generator=gen), torch.randn(v, d, generator=gen)))
+            for v, d, n in sizes]
+
+
+def _lookup_hint(case: Case, got, expected) -> str | None:
+    ids, W = case.args
+    if isinstance(got, torch.Tensor) and got.shape == (len(ids), W.shape[0]):
+        return "that is the one-hot matrix (N, V); multiply it by W_emb to get (N, D)"
+    if isinstance(got, torch.Tensor) and got.dtype in (torch.long, torch.int64, torch.bool):
+        return "one_hot gives integers; convert it with .float() (or .to(W_emb.dtype)) before the product"
+    if _close(got, W[(ids - 1) % W.shape[0]]) or _close(got, W[(ids + 1) % W.shape[0]]):
+        return "an off-by-one: ids start at 0, so id t picks row t"
+    return None
+
+
+@exercise(cases=_lookup_cases, hints=[_lookup_hint])
+def one_hot_lookup(ids: torch.Tensor, W_emb: torch.Tensor) -> torch.Tensor:
+    """ids (N,) of int, W_emb (V, D) -> (N, D): one_hot(ids) @ W_emb, i.e. rows ids of W_emb."""
+    return F.one_hot(ids, W_emb.shape[0]).to(W_emb.dtype) @ W_emb
+
+
+# --- (centre, context) pairs --------------------------------------------------------------------
+
+
+def _pairs_cases(gen: torch.Generator) -> list[Case]:
+    sizes = [(1, 1), (2, 1), (6, 1), (7, 2), (12, 3), (4, 5)]
+    return [Case(f"ids (N={n},), window={w}", (torch.randint(0, 100, (n,), generator=gen), w))
+            for n, w in sizes]
+
+
+def _pairs_hint(case: Case, got, expected) -> str | None:
+    ids, window = case.args
+    if not isinstance(got, torch.Tensor) or got.dim() != 2 or got.shape[-1] != 2:
+        return "return one (centre, context) pair per row: a LongTensor of shape (P, 2)"
+    n = len(ids)
+    with_self = sum(min(n - 1, i + window) - max(0, i - window) + 1 for i in range(n))
+    if got.shape[0] == with_self and with_self != expected.shape[0]:
+        return "a word is not its own context: skip the offset 0"
+    if got.shape == expected.shape and torch.equal(got.flip(-1), expected):
+        return "the columns are swapped: the centre word comes first, then the context word"
+    if got.shape == expected.shape and sorted(map(tuple, got.tolist())) == sorted(map(tuple, expected.tolist())):
+        return "the right pairs in another order: go through centres left to right, contexts left to right"
+    if got.shape[0] > expected.shape[0]:
+        return "some contexts fall outside the text: clip the window at both ends"
+    return None
+
+
+@exercise(cases=_pairs_cases, hints=[_pairs_hint])
+def context_pairs(ids: torch.Tensor, window: int) -> torch.Tensor:
+    """ids (N,), window w -> (P, 2) rows (ids[i], ids[j]) for 0 < |i - j| <= w, ordered by i then j."""
+    n = len(ids)
+    rows = [(ids[i], ids[j]) for i in range(n) for j in range(max(0, i - window), min(n, i + window + 1))
+            if j != i]
+    return torch.tensor(rows, dtype=torch.long).reshape(-1, 2)
+
+
+# --- the negative-sampling loss -----------------------------------------------------------------
+
+
+def _loss_cases(gen: torch.Generator) -> list[Case]:
+    sizes = [(1, 1, 2), (4, 3, 5), (8, 5, 16), (16, 10, 32)]
+    return [Case(f"v_centre (B={b}, D={d}), u_context (B={b}, D={d}), u_noise (B={b}, K={k}, D={d})",
+                 (torch.randn(b, d, generator=gen), torch.randn(b, d, generator=gen),
+                  torch.randn(b, k, d, generator=gen)))
+            for b, k, d in sizes]
+
+
+def _loss_hint(case: Case, got, expected) -> str | None:
+    v, u, n = case.args
+    pos = F.logsigmoid((u * v).sum(-1))
+    noise_scores = torch.einsum("bkd,bd->bk", n, v)
+    if _close(got, -(pos + F.logsigmoid(noise_scores).sum(-1))):
+        return "the noise words need σ(-u·v): their score should be pushed down, not up"
+    if _close(got, -(pos + F.logsigmoid(-noise_scores).mean(-1))):
+        return "sum the K noise terms, do not average them"
+    if _close(got, pos + F.logsigmoid(-noise_scores).sum(-1)):
+        return "a loss is the negative log-likelihood: put a minus sign in front"
+    if isinstance(got, torch.Tensor) and got.dim() == 0:
+        return "return one loss per pair, shape (B,), not their mean"
+    return None
+
+
+@exercise(cases=_loss_cases, hints=[_loss_hint])
+def negative_sampling_loss(v_centre: torch.Tensor, u_context: torch.Tensor,
+                           u_noise: torch.Tensor) -> torch.Tensor:
+    """v_centre (B, D), u_context (B, D), u_noise (B, K, D) -> (B,):
+    -log σ(u_o·v_c) - Σ_k log σ(-u_k·v_c)."""
+    return sgns_loss(v_centre, u_context, u_noise)
+
+
+# --- cosine nearest neighbours ------------------------------------------------------------------
+
+
+def _vectors(gen: torch.Generator, v: int, d: int) -> torch.Tensor:
+    """Random vectors with very different lengths, so cosine and dot product rank differently."""
+    return torch.randn(v, d, generator=gen) * torch.rand(v, 1, generator=gen).mul(5).add(0.1)
+
+
+def _neighbour_cases(gen: torch.Generator) -> list[Case]:
+    sizes = [(5, 3, 1), (20, 4, 3), (100, 8, 5), (300, 16, 10)]
+    return [Case(f"E (V={v}, D={d}), one query id, k={k}",
+                 (_vectors(gen, v, d), int(torch.randint(0, v, (), generator=gen)), k))
+            for v, d, k in sizes]
+
+
+def _neighbour_hint(case: Case, got, expected) -> str | None:
+    E, query, k = case.args
+    if isinstance(got, torch.Tensor) and query in got.tolist():
+        return "the query word is its own nearest neighbour: leave it out"
+    dots = E @ E[query]
+    dots[query] = -float("inf")
+    if isinstance(got, torch.Tensor) and got.tolist() == dots.topk(k).indices.tolist():
+        return "those are the largest dot products; normalise the vectors first (cosine similarity)"
+    if isinstance(got, torch.Tensor) and sorted(got.tolist()) == sorted(expected.tolist()):
+        return "the right words in the wrong order: the most similar one comes first"
+    return None
+
+
+@exercise(cases=_neighbour_cases, hints=[_neighbour_hint])
+def nearest_neighbours(E: torch.Tensor, query: int, k: int) -> torch.Tensor:
+    """E (V, D), a word id, k -> (k,) ids of the k words with the highest cosine to ``query``,
+    most similar first, the query itself excluded."""
+    unit = F.normalize(E, dim=1)
+    scores = unit @ unit[query]
+    scores[query] = -float("inf")
+    return scores.topk(k).indices
+
+
+# --- 3CosAdd analogies --------------------------------------------------------------------------
+
+
+def _analogy_cases(gen: torch.Generator) -> list[Case]:
+    sizes = [(6, 3), (30, 16), (100, 32), (400, 64), (400, 64)]  # wide: a, b, c often beat the rest
+    cases = []
+    for v, d in sizes:
+        a, b, c = torch.randperm(v, generator=gen)[:3].tolist()
+        cases.append(Case(f"E (V={v}, D={d}), three distinct ids a, b, c", (_vectors(gen, v, d), a, b, c)))
+    return cases
+
+
+def _analogy_hint(case: Case, got, expected) -> str | None:
+    E, a, b, c = case.args
+    if not isinstance(got, torch.Tensor) or got.numel() != 1:
+        return "return the answer's id as a one-element tensor, e.g. scores.argmax()"
+    got, expected = int(got), int(expected)
+    if got in (a, b, c):
+        return "the answer may not be one of a, b, c: exclude them before taking the best word"
+    unit = F.normalize(E, dim=1)
+    raw = unit @ (E[b] - E[a] + E[c])
+    raw[[a, b, c]] = -float("inf")
+    if got == int(raw.argmax()) != expected:
+        return "normalise each word vector before b - a + c, so long vectors do not dominate"
+    flipped = unit @ (unit[a] - unit[b] + unit[c])
+    flipped[[a, b, c]] = -float("inf")
+    if got == int(flipped.argmax()) != expected:
+        return "a : b :: c : ? is b - a + c (king - man + woman), not a - b + c"
+    return None
+
+
+@exercise(cases=_analogy_cases, hints=[_analogy_hint])
+def analogy_3cosadd(E: torch.Tensor, a: int, b: int, c: int) -> torch.Tensor:
+    """E (V, D), ids a, b, c -> () the id d (not a, b or c) whose cosine with
+    unit(E[b]) - unit(E[a]) + unit(E[c]) is largest: a is to b as c is to d."""
+    unit = F.normalize(E, dim=1)
+    scores = unit @ (unit[b] - unit[a] + unit[c])
+    scores[[a, b, c]] = -float("inf")
+    return scores.argmax()
