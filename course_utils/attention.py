@@ -109,7 +109,10 @@ def scaled_dot_product_attention(
         _check_mask(mask, torch.Size((*batch, T, S)))
     mask = _combine(mask, causal, T, S, q.device, scores.dtype)
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask.to(scores.dtype)  # a float32 mask must not promote bf16 scores
     weights = softmax(scores, dim=-1)
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)
@@ -157,6 +160,8 @@ class SelfAttentionHead(nn.Module):
 
 
 class Cache(Protocol):
+    """What ``MultiHeadAttention`` needs from a KV cache (``KVCache`` below is the simplest one)."""
+
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
@@ -264,6 +269,8 @@ class MultiHeadAttention(nn.Module):
                 h = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
             else:
                 full = _combine(mask, causal, T, S, x.device, q.dtype)
+                if full is not None and full.is_floating_point():
+                    full = full.to(q.dtype)  # PyTorch's kernel wants a float mask in the dtype of q
                 h = F.scaled_dot_product_attention(q, k, v, attn_mask=full, dropout_p=p)
             return self.W_O(merge_heads(h))
         h, weights = scaled_dot_product_attention(q, k, v, mask, causal, dropout_p=p)

@@ -187,6 +187,18 @@ def test_sdpa_dropout_only_drops_weights():
     assert dropped.any() and max_err(w[~dropped], 2 * w0[~dropped]) <= TOL
 
 
+@pytest.mark.parametrize("impl", ["loop", "batched", "fused"])
+def test_bfloat16_with_a_float32_mask(impl):
+    torch.manual_seed(6)
+    mha = MultiHeadAttention(8, 2).eval()
+    x = torch.randn(2, 5, 8)
+    mask = torch.zeros(5, 5).masked_fill(~causal_mask(5), float("-inf"))  # float32, additive
+    ref = mha(x, mask, impl=impl)
+    out = mha.to(torch.bfloat16)(x.to(torch.bfloat16), mask, impl=impl)
+    assert out.dtype == torch.bfloat16
+    assert max_err(out.float(), ref) < 0.05
+
+
 def test_sdpa_errors():
     q, k, v = torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 6)
     with pytest.raises(ValueError, match="share their last dim d_k"):
