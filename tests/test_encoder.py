@@ -315,8 +315,8 @@ def _hints(result) -> str:
     return " ".join(o.line for o in result.outcomes)
 
 
-def hand_block(x, attention_mask, w, n_heads, post_ln=True, masked=True):
-    """A post-LN block written out from raw tensors, as a learner would (and its two usual mistakes)."""
+def hand_block(x, attention_mask, w, n_heads, post_ln=True, masked=True, approximate="none"):
+    """A post-LN block written out from raw tensors, as a learner would (and its usual mistakes)."""
     from course_utils.attention import merge_heads, scaled_dot_product_attention, split_heads
 
     def lin(h, name):
@@ -331,7 +331,7 @@ def hand_block(x, attention_mask, w, n_heads, post_ln=True, masked=True):
         return lin(merge_heads(scaled_dot_product_attention(q, k, v, mask)[0]), "attn.W_O")
 
     def ffn(h):
-        return lin(F.gelu(lin(h, "ffn.W_in")), "ffn.W_out")
+        return lin(F.gelu(lin(h, "ffn.W_in"), approximate=approximate), "ffn.W_out")
 
     if not post_ln:
         x = x + attn(ln(x, "norm1"))
@@ -355,6 +355,8 @@ def test_lesson06_references_and_hand_answers_pass():
 def test_lesson06_hints():
     assert "pre-LN" in _hints(_run("post_ln_encoder_block", lambda *a: hand_block(*a, post_ln=False)))
     assert "padding leaks" in _hints(_run("post_ln_encoder_block", lambda *a: hand_block(*a, masked=False)))
+    assert "tanh approximation" in _hints(_run("post_ln_encoder_block",
+                                               lambda *a: hand_block(*a, approximate="tanh")))
     assert "inverted" in _hints(_run("extended_attention_mask", lambda m: (m == 0)[:, None, None, :]))
     assert "mask the keys" in _hints(_run("extended_attention_mask", lambda m: m.bool()[:, None, :, None]))
     assert "bool tensor" in _hints(_run("extended_attention_mask", lambda m: m[:, None, None, :]))

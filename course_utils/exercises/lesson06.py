@@ -109,9 +109,9 @@ def _block_cases(gen: torch.Generator) -> list[Case]:
     return cases
 
 
-def _reference_block(x, attention_mask, weights, n_heads, norm_first=False, use_mask=True):
+def _reference_block(x, attention_mask, weights, n_heads, norm_first=False, use_mask=True, activation="gelu"):
     d, f = x.shape[-1], weights["ffn.W_in.weight"].shape[0]
-    block = TransformerBlock(d, n_heads, f, activation="gelu", norm_first=norm_first, eps=EPS)
+    block = TransformerBlock(d, n_heads, f, activation=activation, norm_first=norm_first, eps=EPS)
     block.load_state_dict(weights)
     with torch.no_grad():
         return block.eval()(x, mask=_extended_mask(attention_mask) if use_mask else None)
@@ -123,6 +123,8 @@ def _block_hint(case: Case, got, expected) -> str | None:
         return "that is pre-LN (x + F(LN(x))); BERT is post-LN: LN(x + F(x)) after each sublayer"
     if _close(got, _reference_block(x, mask, weights, h, use_mask=False)):
         return "the padding leaks in: mask the padded keys (scores to -inf before the softmax)"
+    if _close(got, _reference_block(x, mask, weights, h, activation="gelu_tanh")):
+        return "that is GPT-2's tanh approximation of GELU; BERT uses the exact GELU (F.gelu without approximate)"
     return None
 
 
