@@ -243,3 +243,13 @@ def test_alibi_hints():
         return alibi_slopes(h)[:, None, None] * offset
 
     assert "|i − j|" in _hints(_run("alibi", signed))
+
+
+def test_rope_fractional_positions_interpolate():
+    """Position interpolation feeds fractional positions; p = 2.5 lies between the rotations of 2 and 3."""
+    x = torch.randn(1, 8, dtype=torch.float64)
+    quarter = torch.tensor([1.25], dtype=torch.float64)
+    halfway = apply_rope(x, 2 * quarter)
+    twice = apply_rope(apply_rope(x, quarter), quarter)
+    torch.testing.assert_close(halfway, twice)
+    torch.testing.assert_close(apply_rope(apply_rope(x, [2]), [3]), apply_rope(x, [5]))
