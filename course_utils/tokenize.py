@@ -5,7 +5,7 @@ and keeps runs of letters, so "Love's" and "love's" are one token and punctuatio
 line breaks separate words. Apostrophes *inside* a word are kept ("o'er", "ne'er", "i'll"), since
 Early Modern English spells many words that way; a leading or trailing apostrophe is a quote mark
 and is dropped. ``Vocab`` numbers the words that occur often enough. Lesson 08 reads characters
-instead: ``CharTokenizer``.
+instead (``CharTokenizer``) or byte-pair pieces (``BPETokenizer``, from ``course_utils.bpe``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,10 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
+
+from course_utils.bpe import BPETokenizer
+
+__all__ = ["BPETokenizer", "CharTokenizer", "Vocab", "sentences", "words"]
 
 WORD = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*")
 SENTENCE_END = re.compile(r"[.!?]+|\n\s*\n")

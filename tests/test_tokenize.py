@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from course_utils import bpe, tokenize
 from course_utils.tokenize import CharTokenizer, Vocab, sentences, words
 
 
@@ -85,3 +86,7 @@ def test_char_tokenizer_errors():
         tok.decode([0, 3])
     with pytest.raises(ValueError, match="non-empty"):
         CharTokenizer("")
+
+
+def test_bpe_is_re_exported():
+    assert tokenize.BPETokenizer is bpe.BPETokenizer
