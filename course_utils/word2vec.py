@@ -255,12 +255,13 @@ def encode_sentences(sentences: Sequence[Sequence[str]], vocab: Vocab) -> tuple[
 
 
 def train(sentences: Sequence[Sequence[str]], config: Word2VecConfig | None = None,
-          log_every: int = 200, progress: bool = True) -> TrainResult:
+          log_every: int = 200, progress: bool = True, device: torch.device | str = "cpu") -> TrainResult:
     """Train SGNS on tokenised sentences (lists of words), e.g. ``tokenize.sentences(text)``.
 
     Each epoch subsamples the text afresh, builds all (centre, context) pairs with a dynamic
     window, shuffles them, and runs SGD over batches with K fresh negatives per pair. The
     learning rate falls linearly from ``lr`` to ``min_lr`` over all batches, as in word2vec.
+    Sampling runs on the CPU with one seeded generator; the model and the steps on ``device``.
     """
     config = config or Word2VecConfig()
     if not sentences or isinstance(sentences[0], str):
@@ -272,10 +273,10 @@ def train(sentences: Sequence[Sequence[str]], config: Word2VecConfig | None = No
     counts = torch.tensor(vocab.counts, dtype=torch.float64)
     keep = keep_probabilities(counts, config.sample)
     cdf = noise_distribution(counts, config.noise_power).cumsum(0)
-    model = SkipGram(len(vocab), config.dim, gen)
-    result = TrainResult(WordVectors(vocab.itos, model.in_embed.detach()), model, vocab)
+    model = SkipGram(len(vocab), config.dim, gen).to(device)
+    losses, pairs_per_epoch = [], []
 
-    # the number of pairs per epoch varies a little; estimate it once for the lr schedule
+    # the number of pairs per epoch varies a little; the first epoch's count sets the lr schedule
     expected_pairs = None
     done, running, seen = 0, 0.0, 0
     start = time.perf_counter()
@@ -284,25 +285,25 @@ def train(sentences: Sequence[Sequence[str]], config: Word2VecConfig | None = No
         kept = torch.rand(ids.shape, generator=gen, dtype=torch.float64) < keep[ids]
         centre, context = skipgram_pairs(ids[kept], sid[kept], config.window, gen)
         order = torch.randperm(centre.numel(), generator=gen)
-        centre, context = centre[order], context[order]
-        result.pairs_per_epoch.append(centre.numel())
-        expected_pairs = expected_pairs or centre.numel() * config.epochs
+        centre, context = centre[order].to(device), context[order].to(device)
+        pairs_per_epoch.append(centre.numel())
+        expected_pairs = expected_pairs or max(1, centre.numel() * config.epochs)
         for s in range(0, centre.numel(), config.batch_size):
             c, o = centre[s:s + config.batch_size], context[s:s + config.batch_size]
-            noise = draw_negatives(cdf, (c.numel(), config.negatives), gen)
+            noise = draw_negatives(cdf, (c.numel(), config.negatives), gen).to(device)
             lr = max(config.min_lr, config.lr - (config.lr - config.min_lr) * done / expected_pairs)
             running += model.sgd_step(c, o, noise, lr)
             seen += 1
             done += c.numel()
             if seen == log_every:
-                result.losses.append(running / seen)
+                losses.append(running / seen)
                 bar.set_postfix(loss=f"{running / seen:.3f}")
                 running, seen = 0.0, 0
         bar.update(1)
     bar.close()
-    result.seconds = time.perf_counter() - start
-    result.vectors = WordVectors(vocab.itos, model.in_embed.detach().clone())
-    return result
+    seconds = time.perf_counter() - start
+    vectors = WordVectors(vocab.itos, model.in_embed.detach().cpu().clone())
+    return TrainResult(vectors, model, vocab, losses, pairs_per_epoch, seconds)
 
 
 # --- evaluation on the benchmarks that ship with gensim --------------------------------------
