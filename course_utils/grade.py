@@ -63,14 +63,18 @@ def _course_answer(name, function, jobdir={jobdir!r}):
         results = {{"missing": function}}
     else:
         results = []
-        for args, kwargs in cases:
-            try:
-                results.append({{"status": "ok", "value": _course_plain(fn(*args, **kwargs))}})
-            except NotImplementedError:
-                results.append({{"status": "not attempted"}})
-            except Exception as exc:
-                text = str(exc).strip().splitlines()
-                results.append({{"status": "error", "message": type(exc).__name__ + (": " + text[0] if text else "")}})
+        try:
+            for args, kwargs in cases:
+                try:
+                    results.append({{"status": "ok", "value": _course_plain(fn(*args, **kwargs))}})
+                except NotImplementedError:
+                    results.append({{"status": "not attempted"}})
+                except Exception as exc:
+                    text = str(exc).strip().splitlines()
+                    message = type(exc).__name__ + (": " + text[0] if text else "")
+                    results.append({{"status": "error", "message": message}})
+        except KeyboardInterrupt:  # the grader interrupts a cell that runs past its time limit
+            results = {{"timeout": True}}
     _torch.save(results, _os.path.join(jobdir, "outputs", name + ".pt"))
 '''
 
@@ -217,6 +221,8 @@ def score_exercise(name: str, max_points: float, cases: list[checks.Case], outpu
     except Exception as exc:
         reason = f"the answer returned something other than tensors or numbers ({checks.error_line(exc)[:80]})"
         return ExerciseScore(name, 0, max_points, "error: unsupported return value", [f"  ✗ {reason}"])
+    if isinstance(results, dict) and results.get("timeout"):
+        return ExerciseScore(name, 0, max_points, "timeout", ["  ✗ timed out: the function did not return in time"])
     if isinstance(results, dict) and "missing" in results:
         reason = answer_error or f"NameError: the answer cell does not define {results['missing']}()"
         return ExerciseScore(name, 0, max_points, f"error: {reason}", [f"  ✗ {reason}"])

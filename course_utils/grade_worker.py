@@ -39,14 +39,23 @@ class CappedClient(NotebookClient):
         return super().output(outs, msg, display_id, cell_index)
 
 
+FORMAT_FAILURE = "Unexpected exception formatting exception"
+
+
 def cell_errors(nb: nbformat.NotebookNode) -> dict[str, str]:
-    """Index -> "Type: message" for every cell that stored an error output."""
+    """Index -> "Type: message" for every cell that raised. IPython sometimes cannot format a
+    traceback and prints it as plain text instead; its last line then names the exception."""
     errors = {}
     for index, cell in enumerate(nb.cells):
-        for out in cell.get("outputs", []):
+        outputs = cell.get("outputs", [])
+        for out in outputs:
             if out.get("output_type") == "error":
                 value = str(out.get("evalue", "")).strip().splitlines()
                 errors[str(index)] = f"{out.get('ename')}: {value[0] if value else ''}".rstrip(": ")
+        text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
+        if str(index) not in errors and FORMAT_FAILURE in text:
+            last = [line for line in text.strip().splitlines() if line and not line.startswith(" ")][-1]
+            errors[str(index)] = last.split(".")[-1] if last.startswith(("builtins.", "executing.")) else last
     return errors
 
 
@@ -76,11 +85,6 @@ def main(jobdir: Path) -> int:
         status = "crashed" if isinstance(exc, DeadKernelError) else "timeout"
     finally:
         signal.alarm(0)
-        try:
-            if client.km is not None and client.km.has_kernel:
-                client.km.shutdown_kernel(now=True)
-        except Exception:
-            pass
     report = {"status": status, "errors": cell_errors(nb)}
     (jobdir / "run.json").write_text(json.dumps(report))
     return 0

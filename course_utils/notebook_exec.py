@@ -9,8 +9,9 @@ from pathlib import Path
 import nbformat
 from ipykernel.kernelspec import RESOURCES, get_kernel_dict
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
-from jupyter_client.manager import KernelManager
+from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
+from traitlets import default
 
 CURRENT_ENV = "course-current-env"
 
@@ -22,6 +23,14 @@ class CurrentEnvSpecs(KernelSpecManager):
         if kernel_name == CURRENT_ENV:
             return KernelSpec(resource_dir=RESOURCES, **get_kernel_dict())
         return super().get_kernel_spec(kernel_name)
+
+
+class CurrentEnvKernelManager(AsyncKernelManager):
+    """An async kernel manager (a sync one blocks nbclient's timeouts) that knows CURRENT_ENV."""
+
+    @default("kernel_spec_manager")
+    def _kernel_spec_manager_default(self) -> KernelSpecManager:
+        return CurrentEnvSpecs(data_dir=self.data_dir)
 
 
 def kernel_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -36,12 +45,11 @@ def make_client(nb: nbformat.NotebookNode, cwd: Path, *, cell_timeout: int = 600
                 allow_errors: bool = False, env: dict[str, str] | None = None,
                 client_class: type[NotebookClient] = NotebookClient, **kwargs) -> NotebookClient:
     """A NotebookClient on the current-environment kernel, working in ``cwd``."""
-    km = KernelManager(kernel_name=CURRENT_ENV, kernel_spec_manager=CurrentEnvSpecs())
     client = client_class(
-        nb, km=km, timeout=cell_timeout, allow_errors=allow_errors, record_timing=False,
-        resources={"metadata": {"path": str(cwd)}}, **kwargs,
+        nb, kernel_name=CURRENT_ENV, kernel_manager_class=CurrentEnvKernelManager, timeout=cell_timeout,
+        allow_errors=allow_errors, record_timing=False, resources={"metadata": {"path": str(cwd)}}, **kwargs,
     )
-    client._course_env = kernel_env(env)  # used by start_new_kernel below
+    client._course_env = kernel_env(env)  # handed to the kernel by execute()
     return client
 
 

@@ -1,0 +1,250 @@
+"""`course grade`: fair scores for honest, half-done, broken and tampering submissions.
+
+The fixtures are built here from solutions/ and exercises/ of lesson 00, graded in one folder run
+(several submissions at once), and each test reads its row.
+"""
+
+import copy
+import json
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+
+from course_utils import grade
+from course_utils.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+LESSON = "00_setup"
+SOLUTION = nbformat.read(ROOT / "solutions" / f"{LESSON}.ipynb", as_version=4)
+EXERCISE = nbformat.read(ROOT / "exercises" / f"{LESSON}.ipynb", as_version=4)
+POINTS = {"flatten_tokens": 1, "mean_over_time": 1, "pairwise_dots": 2}
+
+
+def answer_index(nb, grade_id):
+    return next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+def submission(answers: dict[str, str] | None = None, base=EXERCISE, edit=None):
+    """A copy of the fresh exercise notebook with some answer cells replaced."""
+    nb = copy.deepcopy(base)
+    for grade_id, source in (answers or {}).items():
+        nb.cells[answer_index(nb, grade_id)].source = source
+    if edit:
+        edit(nb)
+    return nb
+
+
+def solution_source(grade_id):
+    return SOLUTION.cells[answer_index(SOLUTION, grade_id)].source
+
+
+RIGHT = {name: solution_source(name) for name in POINTS}
+LOOP = "def flatten_tokens(x):\n    while True:\n        pass\n"
+WRONG_FLATTEN = "def flatten_tokens(x):\n    return x.reshape(-1, x.shape[-1]) * 2\n"
+
+
+def tamper_checks(nb):
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("grade"):
+            cell.source = "print('flatten_tokens: 3/3 cases passed (all cases passed)')"
+            meta["points"] = 100
+    nb.cells.append(nbformat.v4.new_code_cell("from course_utils import checks\nchecks.REGISTRY.clear()"))
+
+
+MONKEYPATCH = (
+    "import course_utils.checks as checks\n"
+    "checks.compare = lambda *a, **k: (True, 'ok')\n"
+    "checks.judge = lambda ex, case, got, expected: checks.Outcome('pass', 'ok')\n"
+    "import torch\n"
+    "torch.allclose = lambda *a, **k: True\n"
+    "torch.equal = lambda *a, **k: True\n" + WRONG_FLATTEN
+)
+WRITER = ("open('pwned.txt', 'w').write('x')\n"
+          "import os\nos.makedirs('exercises', exist_ok=True)\nopen('exercises/00_setup.ipynb', 'w').write('{}')\n"
+          + RIGHT["flatten_tokens"])
+CRASH = "import os\nos._exit(3)\n" + RIGHT["mean_over_time"]
+HUGE_PRINT = "print('x' * 5_000_000)\nfor _ in range(2000):\n    print('spam ' * 100)\n" + RIGHT["flatten_tokens"]
+MEMORY = ("import torch\n"
+          "def mean_over_time(x):\n    big = torch.empty(2**40, dtype=torch.uint8)\n    return big\n")
+SYNTAX = "def pairwise_dots(a, b):\n    return a @@ b\n"
+DIVIDE = "def mean_over_time(x):\n    return x.sum(1) / 0 if False else 1 / 0\n"
+
+
+def duplicate_answer(nb):
+    i = answer_index(nb, "flatten_tokens")
+    nb.cells.insert(i + 1, copy.deepcopy(nb.cells[i]))
+
+
+def drop_answer(nb):
+    del nb.cells[answer_index(nb, "pairwise_dots")]
+
+
+def forget_lesson(nb):
+    nb.metadata.pop("course", None)
+
+
+SUBMISSIONS = {
+    "full": submission(base=SOLUTION),
+    "fresh": submission(),
+    "half": submission({"flatten_tokens": RIGHT["flatten_tokens"], "pairwise_dots": RIGHT["pairwise_dots"]}),
+    "loop": submission({"flatten_tokens": LOOP, "mean_over_time": RIGHT["mean_over_time"]}),
+    "crash": submission({"flatten_tokens": RIGHT["flatten_tokens"], "mean_over_time": CRASH}),
+    "errors": submission({"mean_over_time": DIVIDE, "pairwise_dots": SYNTAX, "flatten_tokens": RIGHT["flatten_tokens"]}),
+    "printer": submission({"flatten_tokens": HUGE_PRINT}),
+    "hungry": submission({"mean_over_time": MEMORY, "flatten_tokens": RIGHT["flatten_tokens"]}),
+    "tamper": submission({"flatten_tokens": WRONG_FLATTEN}, edit=tamper_checks),
+    "monkey": submission({"flatten_tokens": MONKEYPATCH}),
+    "writer": submission({"flatten_tokens": WRITER}),
+    "duplicate": submission(RIGHT, edit=duplicate_answer),
+    "missing": submission(RIGHT, edit=drop_answer),
+    "renamed": submission(RIGHT, edit=forget_lesson),
+}
+BAD_FILES = {
+    "corrupt": b'{"cells": [ this is not json',
+    "empty": b"",
+    "notnotebook": json.dumps({"hello": "world"}).encode(),
+    "unknown": json.dumps(nbformat.v4.new_notebook(metadata={"course": {"lesson": "99_nothing"}})).encode(),
+}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("submissions")
+    for name, nb in SUBMISSIONS.items():
+        nbformat.write(nb, folder / f"{name}.ipynb")
+    for name, raw in BAD_FILES.items():
+        (folder / f"{name}.ipynb").write_bytes(raw)
+    out = tmp_path_factory.mktemp("out")
+    args = ["grade", str(folder), "--jobs", "4", "--cell-timeout", "10", "--notebook-timeout", "90",
+            "--output-cap", "20000", "--memory-mb", "3072", "--gradebook", str(out / "gradebook.csv"),
+            "--json", str(out / "results.json"), "--feedback", str(out / "feedback")]
+    assert main(args) == 0
+    rows = {r["student"]: r for r in json.loads((out / "results.json").read_text())}
+    return {"rows": rows, "out": out, "folder": folder}
+
+
+def scores(row):
+    return {e["name"]: e["points"] for e in row["exercises"]}
+
+
+def statuses(row):
+    return {e["name"]: e["status"] for e in row["exercises"]}
+
+
+def test_solutions_get_full_marks(graded):
+    row = graded["rows"]["full"]
+    assert (row["total"], row["max"], row["lesson"]) == (4, 4, LESSON)
+    assert set(statuses(row).values()) == {"pass"}
+
+
+def test_fresh_exercises_get_zero_not_attempted(graded):
+    row = graded["rows"]["fresh"]
+    assert (row["total"], row["max"], row["status"]) == (0, 4, "not attempted")
+    assert set(statuses(row).values()) == {"not attempted"}
+
+
+def test_half_done_gets_partial_marks(graded):
+    row = graded["rows"]["half"]
+    assert scores(row) == {"flatten_tokens": 1, "mean_over_time": 0, "pairwise_dots": 2}
+    assert statuses(row)["mean_over_time"] == "not attempted"
+
+
+def test_infinite_loop_costs_only_that_exercise(graded):
+    row = graded["rows"]["loop"]
+    assert statuses(row)["flatten_tokens"] == "timeout"
+    assert scores(row) == {"flatten_tokens": 0, "mean_over_time": 1, "pairwise_dots": 0}
+
+
+def test_crashing_kernel_is_reported_and_keeps_the_gradebook_going(graded):
+    row = graded["rows"]["crash"]
+    assert row["total"] == 0 and row["status"] == "notebook crashed"
+    assert all(s.startswith("error") for s in statuses(row).values())
+
+
+def test_exceptions_are_one_line_statuses(graded):
+    st = statuses(graded["rows"]["errors"])
+    assert st["mean_over_time"] == "error: ZeroDivisionError: division by zero"
+    assert st["pairwise_dots"].startswith("error: SyntaxError")
+    assert st["flatten_tokens"] == "pass"
+
+
+def test_huge_print_is_capped_and_still_graded(graded):
+    row = graded["rows"]["printer"]
+    assert scores(row)["flatten_tokens"] == 1
+
+
+def test_memory_hungry_answer_loses_only_its_points(graded):
+    row = graded["rows"]["hungry"]
+    assert statuses(row)["mean_over_time"].startswith("error: RuntimeError")
+    assert scores(row)["flatten_tokens"] == 1 and scores(row)["mean_over_time"] == 0
+
+
+def test_tampered_check_cells_change_nothing(graded):
+    row = graded["rows"]["tamper"]
+    assert (row["total"], row["max"]) == (0, 4)
+    assert statuses(row)["flatten_tokens"] == "fail"
+
+
+def test_monkeypatching_inside_the_answer_cannot_raise_the_score(graded):
+    row = graded["rows"]["monkey"]
+    assert scores(row)["flatten_tokens"] == 0 and statuses(row)["flatten_tokens"] == "fail"
+
+
+def test_files_written_by_answers_stay_in_a_temporary_folder(graded):
+    row = graded["rows"]["writer"]
+    assert scores(row)["flatten_tokens"] == 1
+    assert not (ROOT / "pwned.txt").exists() and not (graded["folder"] / "pwned.txt").exists()
+    assert nbformat.read(ROOT / "exercises" / f"{LESSON}.ipynb", as_version=4).cells
+
+
+def test_duplicate_and_missing_answer_cells(graded):
+    dup = graded["rows"]["duplicate"]
+    assert statuses(dup)["flatten_tokens"] == "2 answer cells with grade_id 'flatten_tokens'"
+    assert scores(dup) == {"flatten_tokens": 0, "mean_over_time": 1, "pairwise_dots": 2}
+    missing = graded["rows"]["missing"]
+    assert statuses(missing)["pairwise_dots"] == "missing answer cell"
+    assert missing["total"] == 2 and "missing answer cell" in missing["status"]
+
+
+def test_lesson_is_found_from_answer_cells_without_metadata(graded):
+    row = graded["rows"]["renamed"]
+    assert row["lesson"] == LESSON and row["total"] == 4
+
+
+@pytest.mark.parametrize("name, status", [
+    ("corrupt", "not JSON"), ("empty", "empty file"), ("notnotebook", "not a Jupyter notebook"),
+    ("unknown", "unknown lesson '99_nothing'"),
+])
+def test_bad_files_get_a_row_with_a_clear_status(graded, name, status):
+    row = graded["rows"][name]
+    assert status in row["status"] and row["total"] == 0
+
+
+def test_gradebook_has_one_row_per_submission(graded):
+    book = pd.read_csv(graded["out"] / "gradebook.csv")
+    assert len(book) == len(SUBMISSIONS) + len(BAD_FILES)
+    assert list(book.columns) == ["student", "file", "lesson", *POINTS, "total", "max", "status"]
+    assert book.set_index("student").loc["full", "total"] == 4
+
+
+def test_feedback_names_the_failing_case(graded):
+    text = (graded["out"] / "feedback" / "tamper.feedback.md").read_text()
+    assert "flatten_tokens: 0 / 1 (fail)" in text and "max error" in text and "(B=2, T=3, D=4)" in text
+
+
+def test_grader_fails_only_when_it_cannot_run(tmp_path):
+    assert main(["grade", str(tmp_path / "nowhere")]) == 2
+    assert main(["grade", str(tmp_path), "--exercises", str(tmp_path / "none")]) == 2
+
+
+def test_rebuild_keeps_pristine_cells_and_drops_checks(tmp_path):
+    tampered = submission({"flatten_tokens": WRONG_FLATTEN}, edit=tamper_checks)
+    rebuilt, problems, _ = grade.rebuild(EXERCISE, tampered, tmp_path, memory_mb=0)
+    sources = [c.source for c in rebuilt.cells if c.cell_type == "code"]
+    assert not problems and WRONG_FLATTEN in sources
+    assert not any(f"check.{name}(" in s or "REGISTRY" in s for s in sources for name in POINTS)
+    assert [c.source for c in rebuilt.cells if c.cell_type == "markdown"] == [
+        c.source for c in EXERCISE.cells if c.cell_type == "markdown"]
