@@ -70,7 +70,7 @@ HUGE_PRINT = "print('x' * 5_000_000)\nfor _ in range(2000):\n    print('spam ' *
 MEMORY = ("import torch\n"
           "def mean_over_time(x):\n    big = torch.empty(2**40, dtype=torch.uint8)\n    return big\n")
 SYNTAX = "def pairwise_dots(a, b):\n    return a @@ b\n"
-DIVIDE = "def mean_over_time(x):\n    return x.sum(1) / 0 if False else 1 / 0\n"
+DIVIDE = "def mean_over_time(x):\n    return 1 / 0\n"
 
 
 def duplicate_answer(nb):
@@ -92,7 +92,8 @@ SUBMISSIONS = {
     "half": submission({"flatten_tokens": RIGHT["flatten_tokens"], "pairwise_dots": RIGHT["pairwise_dots"]}),
     "loop": submission({"flatten_tokens": LOOP, "mean_over_time": RIGHT["mean_over_time"]}),
     "crash": submission({"flatten_tokens": RIGHT["flatten_tokens"], "mean_over_time": CRASH}),
-    "errors": submission({"mean_over_time": DIVIDE, "pairwise_dots": SYNTAX, "flatten_tokens": RIGHT["flatten_tokens"]}),
+    "errors": submission({"mean_over_time": DIVIDE, "pairwise_dots": SYNTAX,
+                          "flatten_tokens": RIGHT["flatten_tokens"]}),
     "printer": submission({"flatten_tokens": HUGE_PRINT}),
     "hungry": submission({"mean_over_time": MEMORY, "flatten_tokens": RIGHT["flatten_tokens"]}),
     "tamper": submission({"flatten_tokens": WRONG_FLATTEN}, edit=tamper_checks),
