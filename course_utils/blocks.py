@@ -158,12 +158,13 @@ class TransformerBlock(nn.Module):
         self.norm1 = LayerNorm(d_model, eps)
         self.ffn = FeedForward(d_model, d_ff, activation, bias, dropout)
         self.norm2 = LayerNorm(d_model, eps)
+        self.dropout = nn.Dropout(dropout)  # on the attention output, as GPT-2/BERT do (the FFN has its own)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False,
                 kv_cache=None) -> torch.Tensor:
         """(B, T, D) -> (B, T, D). ``mask``/``causal``/``kv_cache`` go to the attention."""
         if self.norm_first:
-            x = x + self.attn(self.norm1(x), mask=mask, causal=causal, kv_cache=kv_cache)
+            x = x + self.dropout(self.attn(self.norm1(x), mask=mask, causal=causal, kv_cache=kv_cache))
             return x + self.ffn(self.norm2(x))
-        x = self.norm1(x + self.attn(x, mask=mask, causal=causal, kv_cache=kv_cache))
+        x = self.norm1(x + self.dropout(self.attn(x, mask=mask, causal=causal, kv_cache=kv_cache)))
         return self.norm2(x + self.ffn(x))

@@ -314,3 +314,14 @@ def test_block_parameters_hints():
     assert "LayerNorms are missing" in _hints(_run("block_parameters", no_norms))
     assert "biases are missing" in _hints(_run("block_parameters", lambda d, f: 4 * d * d + 2 * d * f + 4 * d))
     assert "d_ff = 4d" in _hints(_run("block_parameters", lambda d, f: 12 * d * d + 13 * d))
+
+
+def test_block_dropout_only_in_training():
+    torch.manual_seed(3)
+    block = TransformerBlock(16, 2, dropout=0.5)
+    x = torch.randn(2, 5, 16)
+    block.train()
+    assert not torch.allclose(block(x), block(x))
+    block.eval()
+    torch.testing.assert_close(block(x), block(x))
+    assert n_params(block) == block_parameter_count(16)
