@@ -127,9 +127,13 @@ def _merge_cases(gen: torch.Generator) -> list[Case]:
     cases = [Case("ids with a run of three equal tokens: merges must not overlap", ([7, 7, 7, 1], (7, 7), 256)),
              Case("the pair at the very end", ([3, 1, 2], (1, 2), 300)),
              Case("no occurrence", ([1, 3, 1, 3], (3, 3), 256))]
-    for n in (10, 40):
-        ids = torch.randint(0, 4, (n,), generator=gen).tolist()
-        cases.append(Case(f"{n} random ids from a 4-token alphabet", (ids, (ids[0], ids[1]), 256)))
+    for n, k in ((10, 2), (40, 5)):
+        # random tokens 0..2 around k copies of the pair (3, 4), plus a reversed (4, 3) that must stay
+        ids = torch.randint(0, 3, (n,), generator=gen).tolist()
+        for slot in range(k):
+            ids[slot * 3:slot * 3] = [3, 4]
+        ids += [4, 3]
+        cases.append(Case(f"{n} random ids with {k} copies of the pair", (ids, (3, 4), 256)))
     return cases
 
 
