@@ -12,6 +12,8 @@ os.environ["IPYKERNEL_CELL_NAME"] = "<IPY-INPUT>"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Two test workers on a small machine: one thread each avoids oversubscribing the cores.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
 # Kernels import this checkout's course_utils even if another copy is installed.
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
