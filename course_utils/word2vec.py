@@ -134,12 +134,12 @@ def sgns_loss(v_centre: torch.Tensor, u_context: torch.Tensor, u_noise: torch.Te
 class SkipGram(nn.Module):
     """Two V×D tables: ``in_embed`` (the word vectors) and ``out_embed`` (used only in training).
 
-    Initialised like word2vec: small uniform input vectors, zero output vectors.
+    Initialised like gensim: input vectors uniform in [-1/D, 1/D), output vectors zero.
     """
 
     def __init__(self, vocab_size: int, dim: int, gen: torch.Generator | None = None):
         super().__init__()
-        self.in_embed = nn.Parameter((torch.rand(vocab_size, dim, generator=gen) - 0.5) / dim)
+        self.in_embed = nn.Parameter((torch.rand(vocab_size, dim, generator=gen) * 2 - 1) / dim)
         self.out_embed = nn.Parameter(torch.zeros(vocab_size, dim))
 
     def forward(self, centre: torch.Tensor, context: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
