@@ -75,7 +75,9 @@ DIVIDE = "def mean_over_time(x):\n    return 1 / 0\n"
 
 def duplicate_answer(nb):
     i = answer_index(nb, "flatten_tokens")
-    nb.cells.insert(i + 1, copy.deepcopy(nb.cells[i]))
+    twin = copy.deepcopy(nb.cells[i])
+    twin.id = "twin-answer"
+    nb.cells.insert(i + 1, twin)
 
 
 def drop_answer(nb):
