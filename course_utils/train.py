@@ -421,9 +421,10 @@ def train(model: nn.Module, train_data: torch.Tensor, val_data: torch.Tensor, cf
     checkpoint()
     bar.update(step - bar.n)
     bar.close()
-    # the first window includes compilation and warm-up; leave it out when there are others
+    # Windows hold equal numbers of tokens, so the overall rate is their harmonic mean; the first
+    # window (compilation, warm-up) is left out when there are others.
     speeds = history["tokens_per_s"][1:] or history["tokens_per_s"]
-    tok_s = sorted(speeds)[len(speeds) // 2] if speeds else float("nan")
+    tok_s = len(speeds) / sum(1 / v for v in speeds) if speeds else float("nan")
     tflops = tok_s * flops / 1e12
     return TrainResult(history, step, history["val_loss"][-1], tok_s, tflops,
                        tflops / peak if peak else None, elapsed)

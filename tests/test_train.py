@@ -128,7 +128,8 @@ def test_training_lowers_the_loss_and_records_history(data, tmp_path):
 def test_resume_gives_the_uninterrupted_curve(data, tmp_path):
     tok, train_data, val_data = data
     c = cfg(max_iters=10, eval_interval=4, log_interval=3)
-    whole = T.train(tiny(tok.vocab_size, dropout=0.1), train_data, val_data, c, progress=False)
+    whole_model = tiny(tok.vocab_size, dropout=0.1)
+    whole = T.train(whole_model, train_data, val_data, c, progress=False)
     first = T.train(tiny(tok.vocab_size, dropout=0.1), train_data, val_data, c, tokenizer=tok,
                     out_dir=tmp_path, until=5, progress=False)
     assert first.step == 5 and len(first.history["loss"]) == 5
@@ -139,15 +140,8 @@ def test_resume_gives_the_uninterrupted_curve(data, tmp_path):
     assert second.history["loss"] == whole.history["loss"]  # exactly equal, dropout included
     assert second.history["val_loss"] == whole.history["val_loss"]
     assert second.history["lr"] == whole.history["lr"]
-    for a, b in zip(fresh.state_dict().values(), whole_model_state(c, data).values(), strict=True):
+    for a, b in zip(fresh.state_dict().values(), whole_model.state_dict().values(), strict=True):
         assert torch.equal(a, b)
-
-
-def whole_model_state(c, data):
-    tok, train_data, val_data = data
-    model = tiny(tok.vocab_size, dropout=0.1)
-    T.train(model, train_data, val_data, c, progress=False)
-    return model.state_dict()
 
 
 def test_gradient_accumulation_matches_one_big_batch(data):
@@ -305,3 +299,17 @@ def test_exercise_hints():
     assert "global norm" in wrong("clip_gradients", per_tensor)
     always = lambda gs, m: [g * m / torch.sqrt(sum((x ** 2).sum() for x in gs)) for g in gs]
     assert "unchanged" in wrong("clip_gradients", always)
+
+
+def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / T.CHECKPOINT
+    T.save_checkpoint(path, {"step": 1, "w": torch.ones(3)})
+
+    def crash(obj, f, *args, **kwargs):
+        Path(f).write_bytes(b"half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError, match="disk full"):
+        T.save_checkpoint(path, {"step": 2, "w": torch.zeros(3)})
+    assert T.load_checkpoint(path)["step"] == 1
