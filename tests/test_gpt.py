@@ -221,3 +221,15 @@ def test_count_and_loss_exercises():
     assert "tied" in tied_twice.report()
     unshifted = run("next_token_loss", lambda lg, t: F.cross_entropy(lg.flatten(0, 1), t.flatten()), seed=0)
     assert "no shift" in unshifted.report()
+
+
+def test_hf_base_model_state_dict_loads_too_and_trains():
+    hf = hf_model(50, 16, 32, 2, 4, seed=1)
+    full = GPT.from_hf_state_dict(hf.state_dict(), n_head=4)
+    base = GPT.from_hf_state_dict(hf.transformer.state_dict(), n_head=4)  # GPT2Model keys, no "transformer."
+    idx = torch.randint(0, 50, (2, 9))
+    assert torch.equal(full(idx)[0], base(idx)[0])
+    assert all(p.requires_grad and p.device.type == "cpu" for p in full.parameters())
+    _, loss = full(idx, idx)
+    loss.backward()
+    assert full.wte.weight.grad is not None
