@@ -151,9 +151,11 @@ class TransformerBlock(nn.Module):
     """
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int | None = None, activation: str = "gelu",
-                 norm_first: bool = True, eps: float = 1e-5, bias: bool = True, dropout: float = 0.0) -> None:
+                 norm_first: bool = True, eps: float = 1e-5, bias: bool = True, dropout: float = 0.0,
+                 attn_impl: str = "batched") -> None:
         super().__init__()
         self.norm_first = norm_first
+        self.attn_impl = attn_impl  # "batched" or "fused" (PyTorch's kernel, same parameters)
         self.attn = MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout)
         self.norm1 = LayerNorm(d_model, eps)
         self.ffn = FeedForward(d_model, d_ff, activation, bias, dropout)
@@ -164,7 +166,9 @@ class TransformerBlock(nn.Module):
                 kv_cache=None) -> torch.Tensor:
         """(B, T, D) -> (B, T, D). ``mask``/``causal``/``kv_cache`` go to the attention."""
         if self.norm_first:
-            x = x + self.dropout(self.attn(self.norm1(x), mask=mask, causal=causal, kv_cache=kv_cache))
+            x = x + self.dropout(self.attn(self.norm1(x), mask=mask, causal=causal, impl=self.attn_impl,
+                                           kv_cache=kv_cache))
             return x + self.ffn(self.norm2(x))
-        x = self.norm1(x + self.dropout(self.attn(x, mask=mask, causal=causal, kv_cache=kv_cache)))
+        x = self.norm1(x + self.dropout(self.attn(x, mask=mask, causal=causal, impl=self.attn_impl,
+                                                  kv_cache=kv_cache)))
         return self.norm2(x + self.ffn(x))

@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_utils.attention import MultiHeadAttention
 from course_utils.blocks import LayerNorm, TransformerBlock, block_parameter_count
 from course_utils.positional import LearnedPositionalEmbedding
 
@@ -79,21 +78,6 @@ PRESETS: dict[str, GPTConfig] = {
 }
 
 
-class FusedMultiHeadAttention(MultiHeadAttention):
-    """``MultiHeadAttention`` whose default path is PyTorch's fused kernel (``impl="fused"``).
-
-    ``TransformerBlock`` calls its attention with the default ``impl``; GPT swaps this class in so
-    training and generation use the fast kernel. Asking for the weights falls back to "batched".
-    """
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False,
-                need_weights: bool = False, impl: str = "fused", kv_cache=None):
-        """x (B, T, D) -> out (B, T, D), or (out, weights (B, H, T, S)) with ``need_weights``."""
-        if need_weights and impl == "fused":
-            impl = "batched"
-        return super().forward(x, mask, causal, need_weights, impl, kv_cache)
-
-
 class GPT(nn.Module):
     """Decoder-only Transformer LM with GPT-2's layout and initialisation."""
 
@@ -105,11 +89,9 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
             TransformerBlock(c.d_model, c.n_head, d_ff=c.d_ff, activation=c.activation, norm_first=True,
-                             eps=c.eps, bias=c.bias, dropout=c.dropout)
+                             eps=c.eps, bias=c.bias, dropout=c.dropout, attn_impl="fused")
             for _ in range(c.n_layer)
         )
-        for block in self.blocks:  # same parameters, fused attention kernel
-            block.attn = FusedMultiHeadAttention(c.d_model, c.n_head, bias=c.bias, dropout=c.dropout)
         self.ln_f = LayerNorm(c.d_model, eps=c.eps)
         self.reset_parameters()
 
