@@ -183,3 +183,54 @@ def test_train_and_config_errors():
         w2v.Word2VecConfig(window=0)
     with pytest.raises(ValueError, match="min_lr"):
         w2v.Word2VecConfig(lr=0.01, min_lr=0.1)
+
+
+# --- exercises of lesson 01: references pass, the usual mistakes get a hint that names them ---------
+
+
+def _run(name: str, fn):
+    from course_utils import checks
+
+    return checks.run(name, fn, seed=11)
+
+
+@pytest.mark.parametrize("name", ["one_hot_lookup", "context_pairs", "negative_sampling_loss",
+                                  "nearest_neighbours", "analogy_3cosadd"])
+def test_exercise_references_pass(name):
+    from course_utils import checks
+
+    result = _run(name, checks.get(name).reference)
+    assert result.status == "pass" and result.total >= 4
+
+
+def _pairs_with_self(ids, window):
+    n = len(ids)
+    rows = [(ids[i], ids[j]) for i in range(n) for j in range(max(0, i - window), min(n, i + window + 1))]
+    return torch.tensor(rows, dtype=torch.long).reshape(-1, 2)
+
+
+def _dot_neighbours(E, query, k):
+    scores = E @ E[query]
+    scores[query] = -math.inf
+    return scores.topk(k).indices
+
+
+def _analogy_without_exclusion(E, a, b, c):
+    unit = torch.nn.functional.normalize(E, dim=1)
+    return (unit @ (unit[b] - unit[a] + unit[c])).argmax()
+
+
+@pytest.mark.parametrize("name,fn,words", [
+    ("one_hot_lookup", lambda ids, W: torch.nn.functional.one_hot(ids, W.shape[0]).float(), "one-hot matrix"),
+    ("one_hot_lookup", lambda ids, W: W[(ids + 1) % W.shape[0]], "off-by-one"),
+    ("context_pairs", _pairs_with_self, "not its own context"),
+    ("negative_sampling_loss", lambda v, u, n: -(torch.nn.functional.logsigmoid((u * v).sum(-1))
+                                                 + torch.nn.functional.logsigmoid(
+                                                     torch.einsum("bkd,bd->bk", n, v)).sum(-1)), "σ(-u·v)"),
+    ("negative_sampling_loss", lambda v, u, n: w2v.sgns_loss(v, u, n).mean(), "shape (B,)"),
+    ("nearest_neighbours", _dot_neighbours, "normalise"),
+    ("analogy_3cosadd", _analogy_without_exclusion, "exclude them"),
+])
+def test_exercise_hints_name_the_mistake(name, fn, words):
+    lines = [o.line for o in _run(name, fn).outcomes if "hint:" in o.line]
+    assert lines and words in lines[0].split("hint: ")[1]
