@@ -471,6 +471,8 @@ def run_train(args: argparse.Namespace) -> int:
     from course_utils.data import train_val_split
 
     where = setup_distributed()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     out = Path(args.out or Path("runs") / args.config)
     text = load_corpus(args.data)
     overrides = {k: v for k, v in (("max_iters", args.max_iters), ("batch_size", args.batch_size),
@@ -505,6 +507,7 @@ def run_train(args: argparse.Namespace) -> int:
               f"in {result.elapsed:.1f} s; {result.tokens_per_s:,.0f} tokens/s, "
               f"{result.tflops:.3g} TFLOP/s, MFU {mfu}; checkpoint {out / CHECKPOINT}")
     if dist.is_initialized():
+        dist.barrier()  # every rank done (rank 0 was writing the checkpoint) before tearing down
         dist.destroy_process_group()
     return 0
 
@@ -525,6 +528,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the model (default: on CUDA only)")
+    p.add_argument("--threads", type=int, help="CPU threads for PyTorch (default: its own choice); "
+                   "1 is fastest for small models on a busy, shared machine")
     p.add_argument("--out", help="folder for ckpt.pt (default runs/CONFIG)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

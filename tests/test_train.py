@@ -207,7 +207,10 @@ def corpus(tmp_path_factory) -> Path:
 def test_cli_train_resume_and_sample(corpus, tmp_path, capsys):
     out = tmp_path / "run"
     common = ["train", "--data", str(corpus), "--config", "smoke", "--out", str(out), "--quiet"]
-    assert cli(common + ["--max-iters", "6"]) == 0
+    threads = torch.get_num_threads()
+    assert cli(common + ["--max-iters", "6", "--threads", "1"]) == 0
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(threads)
     assert T.load_checkpoint(out / T.CHECKPOINT)["step"] == 6
     assert cli(common + ["--resume", "--max-iters", "8"]) == 0
     assert T.load_checkpoint(out / T.CHECKPOINT)["step"] == 8
@@ -245,6 +248,10 @@ def test_two_process_ddp_equals_one_process_with_the_whole_batch(corpus, tmp_pat
     torch.testing.assert_close(torch.tensor(ddp["history"]["val_loss"]), torch.tensor(one["history"]["val_loss"]),
                                atol=1e-5, rtol=1e-5)
     for name, p in one["model"].items():
+        if name.endswith("W_K.bias"):
+            # a key bias adds the same score to every key, which the softmax cancels: its gradient is
+            # rounding noise, and Adam's normalisation turns noise into full-size steps
+            continue
         torch.testing.assert_close(ddp["model"][name], p, atol=1e-5, rtol=1e-4, msg=name)
     assert asdict(T.TrainConfig(**ddp["train_config"]))["batch_size"] == 4
 
