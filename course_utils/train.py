@@ -72,8 +72,9 @@ TRAIN_PRESETS = {
     # nanoGPT's shakespeare_char recipe
     "shakespeare_char": dict(batch_size=64, max_iters=5000, lr=1e-3, min_lr=1e-4, warmup_iters=100,
                              eval_interval=250, eval_iters=200),
-    # GPT-2 small on one node: 8 x 12 sequences x 40 micro-steps ~ 0.5 M tokens per step
-    "gpt2": dict(batch_size=12, grad_accum=40, max_iters=600_000, lr=6e-4, min_lr=6e-5,
+    # GPT-2 small on 8 GPUs: 12 sequences x 1,024 tokens x 5 micro-steps x 8 processes ~ 0.5 M tokens
+    # per step (grad_accum counts per process: on one GPU use --grad-accum 40 for the same batch)
+    "gpt2": dict(batch_size=12, grad_accum=5, max_iters=600_000, lr=6e-4, min_lr=6e-5,
                  warmup_iters=2000, beta2=0.95, eval_interval=1000, eval_iters=200),
 }
 
@@ -476,8 +477,8 @@ def run_train(args: argparse.Namespace) -> int:
     out = Path(args.out or Path("runs") / args.config)
     text = load_corpus(args.data)
     overrides = {k: v for k, v in (("max_iters", args.max_iters), ("batch_size", args.batch_size),
-                                    ("lr", args.lr), ("seed", args.seed), ("compile", args.compile))
-                 if v is not None}
+                                    ("grad_accum", args.grad_accum), ("lr", args.lr), ("seed", args.seed),
+                                    ("compile", args.compile)) if v is not None}
     if args.time_budget is not None:
         overrides["time_budget"] = parse_duration(args.time_budget)
     resume = load_checkpoint(out / CHECKPOINT) if args.resume else None
@@ -523,7 +524,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--max-iters", type=int, help="number of optimiser steps")
     budget.add_argument("--time-budget", help="wall-clock budget, e.g. 110s or 5m; the schedule fits it")
-    p.add_argument("--batch-size", type=int)
+    p.add_argument("--batch-size", type=int, help="sequences per micro-batch and process")
+    p.add_argument("--grad-accum", type=int, help="micro-batches per optimiser step and process")
     p.add_argument("--lr", type=float, help="peak learning rate")
     p.add_argument("--seed", type=int)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,

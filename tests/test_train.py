@@ -212,8 +212,9 @@ def test_cli_train_resume_and_sample(corpus, tmp_path, capsys):
     assert torch.get_num_threads() == 1
     torch.set_num_threads(threads)
     assert T.load_checkpoint(out / T.CHECKPOINT)["step"] == 6
-    assert cli(common + ["--resume", "--max-iters", "8"]) == 0
-    assert T.load_checkpoint(out / T.CHECKPOINT)["step"] == 8
+    assert cli(common + ["--resume", "--max-iters", "8", "--grad-accum", "2"]) == 0
+    ckpt = T.load_checkpoint(out / T.CHECKPOINT)
+    assert ckpt["step"] == 8 and ckpt["train_config"]["grad_accum"] == 2
     capsys.readouterr()
     assert cli(["sample", "--ckpt", str(out / T.CHECKPOINT), "--prompt", "ROMEO:", "--max-new-tokens", "20"]) == 0
     text = capsys.readouterr().out
