@@ -1,4 +1,4 @@
-"""The ``course`` command: doctor, run, assign, grade, train, sample, bench."""
+"""The ``course`` command: doctor, run, assign, grade, train, sample."""
 
 from __future__ import annotations
 
@@ -6,20 +6,23 @@ import argparse
 import importlib
 import sys
 
-# subcommand -> module that provides add_parser(subparsers)
+# subcommand -> "module:function" that registers it, called as function(subparsers)
 COMMANDS = {
-    "doctor": "course_utils.doctor",
-    "run": "course_utils.notebook_run",
-    "assign": "course_utils.assign",
-    "grade": "course_utils.grade",
+    "doctor": "course_utils.doctor:add_parser",
+    "run": "course_utils.notebook_run:add_parser",
+    "assign": "course_utils.assign:add_parser",
+    "grade": "course_utils.grade:add_parser",
+    "train": "course_utils.train:add_parser",
+    "sample": "course_utils.train:add_sample_parser",
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="course", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in COMMANDS.values():
-        importlib.import_module(module).add_parser(sub)
+    for spec in COMMANDS.values():
+        module, function = spec.split(":")
+        getattr(importlib.import_module(module), function)(sub)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 

@@ -30,7 +30,7 @@ def run_notebook(path: Path, mode: str, inplace: bool, cell_timeout: int) -> dic
     except CellTimeoutError:
         status = "timeout"
     except CellExecutionError as exc:
-        status = "error: " + (str(exc).strip().splitlines() or ["?"])[-1][:120]
+        status = f"error: {exc.ename}: {exc.evalue}"[:160]
     seconds = time.perf_counter() - start
     device = str(runtime.device())
     if status == "ok":
