@@ -208,12 +208,13 @@ def run_worker(rebuilt: nbformat.NotebookNode, jobdir: Path, workdir: Path, limi
 
 
 def score_exercise(name: str, max_points: float, cases: list[checks.Case], outputs_file: Path,
-                   answer_error: str | None, collect_error: str | None) -> ExerciseScore:
+                   answer_error: str | None, collect_error: str | None, notebook_timed_out: bool) -> ExerciseScore:
     """Compare the learner's saved outputs with the reference, here in the grader's process."""
     ex = checks.get(name)
+    timeout = ExerciseScore(name, 0, max_points, "timeout", ["  ✗ timed out: the function did not return in time"])
     if not outputs_file.exists():
-        if collect_error and collect_error.startswith("KeyboardInterrupt"):
-            return ExerciseScore(name, 0, max_points, "timeout", ["  ✗ timed out: the function did not return in time"])
+        if (collect_error or "").startswith("KeyboardInterrupt") or (notebook_timed_out and collect_error is None):
+            return timeout
         reason = answer_error or collect_error or "the notebook stopped before this exercise"
         return ExerciseScore(name, 0, max_points, f"error: {reason}", [f"  ✗ {reason}"])
     try:
@@ -222,7 +223,7 @@ def score_exercise(name: str, max_points: float, cases: list[checks.Case], outpu
         reason = f"the answer returned something other than tensors or numbers ({checks.error_line(exc)[:80]})"
         return ExerciseScore(name, 0, max_points, "error: unsupported return value", [f"  ✗ {reason}"])
     if isinstance(results, dict) and results.get("timeout"):
-        return ExerciseScore(name, 0, max_points, "timeout", ["  ✗ timed out: the function did not return in time"])
+        return timeout
     if isinstance(results, dict) and "missing" in results:
         reason = answer_error or f"NameError: the answer cell does not define {results['missing']}()"
         return ExerciseScore(name, 0, max_points, f"error: {reason}", [f"  ✗ {reason}"])
@@ -284,9 +285,8 @@ def grade_file(path: Path, pristine: dict[str, nbformat.NotebookNode], limits: L
             answer_error = errors.get(str(answer_index.get(name)))
             collect_error = errors.get(str(collect_index[name]))
             outputs = jobdir / "outputs" / f"{name}.pt"
-            if run["status"] == "timeout" and collect_error is None and not outputs.exists():
-                collect_error = "KeyboardInterrupt"  # the whole notebook ran out of time before this one
-            sub.exercises.append(score_exercise(name, max_points, cases[name], outputs, answer_error, collect_error))
+            sub.exercises.append(score_exercise(name, max_points, cases[name], outputs, answer_error, collect_error,
+                                                notebook_timed_out=run["status"] == "timeout"))
         problems_text = "; ".join(f"{k}: {v}" for k, v in problems.items())
         if run["status"] != "finished":
             sub.status = f"notebook {run['status']}" + (f"; {problems_text}" if problems_text else "")
