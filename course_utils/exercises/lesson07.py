@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from course_utils.checks import Case, exercise
+from course_utils.generate import top_k_filter, top_p_filter
 from course_utils.gpt import GPTConfig, count_params
 
 
@@ -230,31 +231,26 @@ def _top_k_hint(case: Case, got, expected) -> str | None:
 def top_k_probs(logits: torch.Tensor, k: int) -> torch.Tensor:
     """logits (B, V) -> probabilities (B, V): only the k most likely tokens keep probability,
     renormalised to sum to 1."""
-    kth = torch.topk(logits, k, dim=-1).values[:, -1:]
-    return torch.softmax(logits.masked_fill(logits < kth, float("-inf")), dim=-1)
+    return torch.softmax(top_k_filter(logits, k), dim=-1)
 
 
 def _p_cases(gen: torch.Generator) -> list[Case]:
     return _filter_cases(gen, [("p", 0.7), ("p", 0.8), ("p", 0.95)])
 
 
-def _top_p_reference(logits: torch.Tensor, p: float, keep_crossing: bool = True) -> torch.Tensor:
-    probs = torch.softmax(logits, -1)
-    sorted_p, order = probs.sort(dim=-1, descending=True)
-    mass = sorted_p.cumsum(-1) - (sorted_p if keep_crossing else 0)
-    drop_sorted = mass >= p
-    if not keep_crossing:
-        drop_sorted[:, 0] = False
-    drop = drop_sorted.scatter(-1, order, drop_sorted)
-    kept = probs.masked_fill(drop, 0.0)
-    return kept / kept.sum(-1, keepdim=True)
+def _kept_without_crossing_token(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """The tokens a common wrong answer keeps: it drops the token that carries the sum past p."""
+    sorted_p, order = torch.softmax(logits, -1).sort(dim=-1, descending=True)
+    drop_sorted = sorted_p.cumsum(-1) >= p
+    drop_sorted[:, 0] = False
+    return ~drop_sorted.scatter(-1, order, drop_sorted)
 
 
 def _top_p_hint(case: Case, got, expected) -> str | None:
     logits, p = case.args
     if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
         return None
-    if torch.equal(got > 0, _top_p_reference(logits, p, keep_crossing=False) > 0):
+    if torch.equal(got > 0, _kept_without_crossing_token(logits, p)):
         return ("the token whose probability carries the sum past p was dropped: keep a token while the "
                 "mass of the tokens ranked above it is below p")
     if torch.equal(got > 0, expected > 0):
@@ -266,7 +262,7 @@ def _top_p_hint(case: Case, got, expected) -> str | None:
 def top_p_probs(logits: torch.Tensor, p: float) -> torch.Tensor:
     """logits (B, V) -> probabilities (B, V) under nucleus (top-p) sampling: the smallest set of most
     likely tokens whose probabilities sum to at least p keeps its mass, renormalised."""
-    return _top_p_reference(logits, p)
+    return torch.softmax(top_p_filter(logits, p), dim=-1)
 
 
 # ------------------------------------------------------------------ one step with a KV cache
