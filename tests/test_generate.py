@@ -195,7 +195,11 @@ def test_sampling_exercises_catch_the_classic_mistakes():
 
     result = run("sample_with_temperature", from_logits, seed=0)
     assert result.status == FAIL and "softmax" in result.report()
-    result = run("top_p_probs", lambda lg, p: ex._top_p_reference(lg, p, keep_crossing=False), seed=0)
+    def drops_crossing_token(logits, p):
+        kept = torch.softmax(logits, -1) * ex._kept_without_crossing_token(logits, p)
+        return kept / kept.sum(-1, keepdim=True)
+
+    result = run("top_p_probs", drops_crossing_token, seed=0)
     assert result.status == FAIL and "carries the sum past p" in result.report()
 
     def cache_only(q, k_new, v_new, k_cache, v_cache):  # forgot to append the new key and value
