@@ -7,7 +7,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from course_utils import assign
+from course_tools import assign
 
 ROOT = Path(__file__).resolve().parent.parent
 ANSWER = {"grade": False, "solution": True, "locked": False, "grade_id": "f", "schema_version": 3}
@@ -70,7 +70,7 @@ def test_solution_markers_need_nbgrader_metadata_and_unique_ids():
 
 
 def test_course_assign_command_writes_exercises(tmp_path):
-    from course_utils.cli import main
+    from course_tools.cli import main
 
     (tmp_path / "solutions").mkdir()
     nb = new_notebook(cells=[new_code_cell("### BEGIN SOLUTION\nx = 1\n### END SOLUTION",

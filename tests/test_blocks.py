@@ -242,7 +242,7 @@ def test_block_causal_and_padding_masks():
 # ---------------------------------------------------------------- lesson 04 exercises: references pass, hints fire
 
 def _run(name, fn):
-    from course_utils.checks import run
+    from course_tools.checks import run
     return run(name, fn, seed=123)
 
 
@@ -251,7 +251,7 @@ def _hints(result):
 
 
 def test_lesson04_references_pass():
-    from course_utils.checks import get
+    from course_tools.checks import get
     for name in ["layer_norm", "rms_norm", "relu_ffn", "pre_ln_sublayer", "block_parameters"]:
         assert _run(name, get(name).reference).status == "pass", name
 

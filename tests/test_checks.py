@@ -4,12 +4,12 @@ import pytest
 import torch
 from einops import rearrange
 
-from course_utils import checks
-from course_utils.checks import PASS, Case, check, compare
+from course_tools import checks
+from course_tools.checks import PASS, Case, check, compare
 
 
 def test_reference_passes_every_registered_exercise():
-    from course_utils import exercises  # noqa: F401
+    from course_tools import references  # noqa: F401
 
     assert checks.REGISTRY
     for name, ex in checks.REGISTRY.items():

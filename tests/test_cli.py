@@ -4,7 +4,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from course_utils.cli import COMMANDS, main
+from course_tools.cli import COMMANDS, main
 
 
 def test_every_subcommand_has_help(capsys):

@@ -12,8 +12,8 @@ import nbformat
 import pandas as pd
 import pytest
 
-from course_utils import grade
-from course_utils.cli import main
+from course_tools import grade
+from course_tools.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSON = "00_setup"
@@ -51,11 +51,11 @@ def tamper_checks(nb):
         if meta.get("grade"):
             cell.source = "print('flatten_tokens: 3/3 cases passed (all cases passed)')"
             meta["points"] = 100
-    nb.cells.append(nbformat.v4.new_code_cell("from course_utils import checks\nchecks.REGISTRY.clear()"))
+    nb.cells.append(nbformat.v4.new_code_cell("from course_tools import checks\nchecks.REGISTRY.clear()"))
 
 
 MONKEYPATCH = (
-    "import course_utils.checks as checks\n"
+    "import course_tools.checks as checks\n"
     "checks.compare = lambda *a, **k: (True, 'ok')\n"
     "checks.judge = lambda ex, case, got, expected: checks.Outcome('pass', 'ok')\n"
     "import torch\n"

@@ -189,7 +189,7 @@ def test_train_and_config_errors():
 
 
 def _run(name: str, fn):
-    from course_utils import checks
+    from course_tools import checks
 
     return checks.run(name, fn, seed=11)
 
@@ -197,7 +197,7 @@ def _run(name: str, fn):
 @pytest.mark.parametrize("name", ["one_hot_lookup", "context_pairs", "negative_sampling_loss",
                                   "nearest_neighbours", "analogy_3cosadd"])
 def test_exercise_references_pass(name):
-    from course_utils import checks
+    from course_tools import checks
 
     result = _run(name, checks.get(name).reference)
     assert result.status == "pass" and result.total >= 4

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from course_utils.checks import Case, exercise
+from course_tools.checks import Case, exercise
 from course_utils.word2vec import sgns_loss
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import nbformat
 from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
+from course_tools.notebook_exec import execute, make_client
 from course_utils import runtime
-from course_utils.notebook_exec import execute, make_client
 
 
 def run_notebook(path: Path, mode: str, inplace: bool, cell_timeout: int) -> dict:

@@ -1,6 +1,6 @@
 """The grader's worker process: runs one rebuilt submission in its own kernel, with limits.
 
-Started by ``course grade`` as ``python -m course_utils.grade_worker JOBDIR``. It reads
+Started by ``course grade`` as ``python -m course_tools.grade_worker JOBDIR``. It reads
 ``JOBDIR/job.json``, executes the notebook with nbclient (per-cell timeout, output cap), and writes
 ``JOBDIR/run.json``: which cells failed and how. It never sees the reference answers; the kernel
 writes the learner's outputs to ``JOBDIR/outputs`` and the grader compares them itself.
@@ -17,7 +17,7 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 
-from course_utils.notebook_exec import execute, make_client
+from course_tools.notebook_exec import execute, make_client
 
 
 class CappedClient(NotebookClient):

@@ -31,7 +31,7 @@ from pathlib import Path
 import nbformat
 import torch
 
-from course_utils import checks
+from course_tools import checks
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_EXERCISES = ROOT / "exercises"
@@ -198,7 +198,7 @@ def run_worker(rebuilt: nbformat.NotebookNode, jobdir: Path, workdir: Path, limi
     (jobdir / "job.json").write_text(json.dumps(job))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     try:
-        subprocess.run([sys.executable, "-m", "course_utils.grade_worker", str(jobdir)], cwd=workdir, env=env,
+        subprocess.run([sys.executable, "-m", "course_tools.grade_worker", str(jobdir)], cwd=workdir, env=env,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        timeout=limits.notebook_timeout + 60, start_new_session=True)
     except subprocess.TimeoutExpired:

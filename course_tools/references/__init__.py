@@ -1,4 +1,4 @@
-"""Every lesson's exercises: importing this package registers them all with ``course_utils.checks``.
+"""Every lesson's exercises: importing this package registers them all with ``course_tools.checks``.
 
 One module per lesson (``lesson00.py``, ``lesson01.py``, ...), found automatically.
 """

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from course_tools.checks import Case, exercise
 from course_utils.blocks import block_parameter_count
-from course_utils.checks import Case, exercise
 
 SHAPES = [(1, 1, 4), (2, 3, 8), (3, 5, 16)]
 EPS = [1e-5, 1e-2, 0.5]  # a large ε makes "ε outside the root" visible

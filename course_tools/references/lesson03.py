@@ -8,13 +8,13 @@ import math
 import torch
 from einops import rearrange
 
+from course_tools.checks import Case, exercise
 from course_utils.attention import (
     causal_mask,
     merge_heads,
     scaled_dot_product_attention,
     split_heads,
 )
-from course_utils.checks import Case, exercise
 
 
 def _close(got, alt: torch.Tensor) -> bool:

@@ -12,8 +12,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from course_tools.checks import Case, exercise
 from course_utils.blocks import TransformerBlock
-from course_utils.checks import Case, exercise
 from course_utils.encoder import (
     POSITION_IDS_KEY,
     SentenceEncoder,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from einops import rearrange, reduce
 
-from course_utils.checks import Case, exercise
+from course_tools.checks import Case, exercise
 
 SHAPES = [(1, 1, 1), (2, 3, 4), (4, 7, 5)]
 

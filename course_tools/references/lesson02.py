@@ -11,8 +11,8 @@ import math
 
 import torch
 
+from course_tools.checks import Case, exercise
 from course_utils.attention import causal_mask, padding_mask, scaled_dot_product_attention, softmax
-from course_utils.checks import Case, exercise
 
 
 def _close(got, alt: torch.Tensor) -> bool:

@@ -8,10 +8,10 @@ import sys
 
 # subcommand -> "module:function" that registers it, called as function(subparsers)
 COMMANDS = {
-    "doctor": "course_utils.doctor:add_parser",
-    "run": "course_utils.notebook_run:add_parser",
-    "assign": "course_utils.assign:add_parser",
-    "grade": "course_utils.grade:add_parser",
+    "doctor": "course_tools.doctor:add_parser",
+    "run": "course_tools.notebook_run:add_parser",
+    "assign": "course_tools.assign:add_parser",
+    "grade": "course_tools.grade:add_parser",
     "train": "course_utils.train:add_parser",
     "sample": "course_utils.train:add_sample_parser",
 }

@@ -12,8 +12,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from course_tools.checks import Case, exercise
 from course_utils import bpe, train
-from course_utils.checks import Case, exercise
 
 
 def _close(got, alt) -> bool:

@@ -1,6 +1,6 @@
 """Checks for exercises: run a learner's function on fresh random cases against the reference.
 
-Each exercise is registered once (in ``course_utils.exercises``) with a reference function, a
+Each exercise is registered once (in ``course_tools.references``) with a reference function, a
 case generator and optional hints that name common mistakes. A check cell calls
 ``check.<name>(fn)`` and gets one line per case. The grader uses the same pieces, but splits them
 across processes: cases are drawn and compared in the grader, the learner's kernel only computes.
@@ -68,7 +68,7 @@ def exercise(name: str | None = None, *, cases: Callable[[torch.Generator], list
 
 
 def get(name: str) -> Exercise:
-    from course_utils import exercises  # noqa: F401  (registers every lesson's exercises)
+    from course_tools import references  # noqa: F401  (registers every lesson's exercises)
 
     if name not in REGISTRY:
         known = ", ".join(sorted(REGISTRY)) or "none"
@@ -279,7 +279,7 @@ class _Checker:
         return checker
 
     def __dir__(self) -> list[str]:
-        from course_utils import exercises  # noqa: F401
+        from course_tools import references  # noqa: F401
 
         return sorted(REGISTRY)
 

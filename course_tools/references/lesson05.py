@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from course_utils.checks import Case, exercise
+from course_tools.checks import Case, exercise
 from course_utils.positional import alibi_bias, apply_rope, sinusoidal_encoding, sinusoidal_rotation
 
 

@@ -8,7 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from course_utils.checks import Case, exercise
+from course_tools.checks import Case, exercise
 from course_utils.generate import top_k_filter, top_p_filter
 from course_utils.gpt import GPTConfig, count_params
 
