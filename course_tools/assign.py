@@ -55,7 +55,7 @@ def lesson_of(path: Path) -> str:
     return path.stem
 
 
-def generate(solution: nbformat.NotebookNode, lesson: str) -> nbformat.NotebookNode:
+def build_exercises(solution: nbformat.NotebookNode, lesson: str) -> nbformat.NotebookNode:
     """The exercise notebook for one solutions notebook (a new object; the input is not changed)."""
     nb = copy.deepcopy(solution)
     seen: set[str] = set()
@@ -84,7 +84,7 @@ def write_all(solutions: Path, exercises: Path) -> list[Path]:
     exercises.mkdir(parents=True, exist_ok=True)
     written = []
     for src in sorted(solutions.glob("*.ipynb")):
-        nb = generate(nbformat.read(src, as_version=4), lesson_of(src))
+        nb = build_exercises(nbformat.read(src, as_version=4), lesson_of(src))
         dest = exercises / src.name
         nbformat.write(nb, dest)
         written.append(dest)

@@ -45,7 +45,8 @@ def shown(path: Path) -> str:
     return "~" + str(path)[len(home):] if str(path).startswith(home) else str(path)
 
 
-def checks(fetch: bool) -> list[tuple[bool, str]]:
+def diagnose(fetch: bool) -> list[tuple[bool, str]]:
+    """(ok, one line) per check of the environment: Python, packages, run mode, device, data cache."""
     results = [(sys.version_info >= (3, 10), f"Python {sys.version.split()[0]} (3.10 or newer)")]
     if REQUIREMENTS.exists():
         results += [check_requirement(r) for r in requirement_lines()]
@@ -73,7 +74,7 @@ def checks(fetch: bool) -> list[tuple[bool, str]]:
 
 
 def main(args: argparse.Namespace) -> int:
-    results = checks(args.fetch)
+    results = diagnose(args.fetch)
     for ok, text in results:
         print(f"{'OK  ' if ok else 'FAIL'} {text}")
     return 0 if all(ok for ok, _ in results) else 1

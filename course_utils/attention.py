@@ -184,6 +184,25 @@ class KVCache:
         return self.k, self.v
 
 
+class ModelKVCache:
+    """One ``KVCache`` per block of a model; ``len(cache)`` is the number of positions already processed.
+
+    Each block's attention appends its new keys and values to its own layer cache (``update``), so
+    a step with one new token attends over every earlier position without recomputing them.
+    """
+
+    def __init__(self, n_layers: int) -> None:
+        if n_layers <= 0:
+            raise ValueError(f"n_layers must be positive, got {n_layers}")
+        self.layers = [KVCache() for _ in range(n_layers)]
+
+    def __len__(self) -> int:
+        return len(self.layers[0])
+
+    def __getitem__(self, i: int) -> KVCache:
+        return self.layers[i]
+
+
 class MultiHeadAttention(nn.Module):
     """m heads, each with its own slice W_Q^i, W_K^i, W_V^i of W_Q, W_K, W_V; concat(H_1..H_m) W_O.
 

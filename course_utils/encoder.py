@@ -102,9 +102,9 @@ class EncoderEmbeddings(nn.Module):
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__()
         self.config = config
-        self.token = nn.Embedding(config.vocab_size, config.d_model)
-        self.position = LearnedPositionalEmbedding(config.max_len, config.d_model)
-        self.token_type = nn.Embedding(config.n_types, config.d_model)
+        self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
+        self.position_embedding = LearnedPositionalEmbedding(config.max_len, config.d_model)
+        self.type_embedding = nn.Embedding(config.n_types, config.d_model)
         self.norm = LayerNorm(config.d_model, eps=config.eps)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -114,7 +114,8 @@ class EncoderEmbeddings(nn.Module):
                              f"{input_ids.dtype}; add a batch axis with ids[None]")
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        x = self.token(input_ids) + self.position(input_ids.shape[1]) + self.token_type(token_type_ids)
+        x = (self.token_embedding(input_ids) + self.position_embedding(input_ids.shape[1])
+             + self.type_embedding(token_type_ids))
         return self.norm(x)
 
 
@@ -187,9 +188,9 @@ class TransformerEncoder(nn.Module):
 # --- real weights: Hugging Face BERT names -> our module names --------------------------------
 
 _EMBEDDING_KEYS = {
-    "embeddings.word_embeddings.weight": "embeddings.token.weight",
-    "embeddings.position_embeddings.weight": "embeddings.position.weight",
-    "embeddings.token_type_embeddings.weight": "embeddings.token_type.weight",
+    "embeddings.word_embeddings.weight": "embeddings.token_embedding.weight",
+    "embeddings.position_embeddings.weight": "embeddings.position_embedding.weight",
+    "embeddings.token_type_embeddings.weight": "embeddings.type_embedding.weight",
     "embeddings.LayerNorm.weight": "embeddings.norm.gamma",
     "embeddings.LayerNorm.bias": "embeddings.norm.beta",
     "pooler.dense.weight": "pooler.weight",

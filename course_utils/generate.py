@@ -2,7 +2,7 @@
 
 The rules (greedy, temperature, top-k, top-p) reshape the distribution over the vocabulary
 before one token is drawn from it; ``generate`` repeats that, feeding each new token back in.
-A ``ModelKVCache`` keeps every layer's keys and values so each step only computes the new token.
+An ``attention.ModelKVCache`` keeps every layer's keys and values so each step only computes the new token.
 
 Shapes: ``B`` batch, ``T`` sequence length, ``V`` vocabulary, ``H`` heads, ``S`` cached positions.
 """
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_utils.attention import KVCache
+from course_utils.attention import ModelKVCache
 
 
 def _check_logits(logits: torch.Tensor) -> None:
@@ -100,33 +100,14 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     return sample_from_probs(next_token_probs(logits, temperature, top_k, top_p), generator)
 
 
-class ModelKVCache:
-    """One ``attention.KVCache`` per block; ``len(cache)`` is the number of positions already processed.
-
-    Each block's attention appends its new keys and values to its own layer cache (``update``), so
-    a step with one new token attends over every earlier position without recomputing them.
-    """
-
-    def __init__(self, n_layer: int) -> None:
-        if n_layer <= 0:
-            raise ValueError(f"n_layer must be positive, got {n_layer}")
-        self.layers = [KVCache() for _ in range(n_layer)]
-
-    def __len__(self) -> int:
-        return len(self.layers[0])
-
-    def __getitem__(self, i: int) -> KVCache:
-        return self.layers[i]
-
-
 @torch.no_grad()
 def generate(model: nn.Module, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
              stop_token: int | None = None, use_cache: bool = True) -> torch.Tensor:
     """Continue ``idx`` (B, T) by up to ``max_new_tokens`` tokens -> (B, T + n).
 
-    ``model(idx, kv_cache=...)`` must return ``(logits (B, T, V), _)`` and have ``config.n_ctx`` and
-    ``config.n_layer`` (``course_utils.gpt.GPT`` does). Only the last position's logits are used.
+    ``model(idx, kv_cache=...)`` must return ``(logits (B, T, V), _)`` and have ``config.max_len`` and
+    ``config.n_layers`` (``course_utils.gpt.GPT`` does). Only the last position's logits are used.
     With ``seed`` the draws come from a private generator, so the same call gives the same text.
     Generation stops early once every row has produced ``stop_token`` (finished rows repeat it).
     Past the context window the oldest tokens are dropped and the cache is no longer used, since
@@ -138,19 +119,19 @@ def generate(model: nn.Module, idx: torch.Tensor, max_new_tokens: int, temperatu
                          "for one prompt use idx[None]")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    n_ctx = model.config.n_ctx
+    max_len = model.config.max_len
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
-    cache = ModelKVCache(model.config.n_layer) if use_cache and idx.shape[1] <= n_ctx else None
+    cache = ModelKVCache(model.config.n_layers) if use_cache and idx.shape[1] <= max_len else None
     was_training = model.training
     model.eval()
     out = idx
     finished = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
     try:
         for _ in range(max_new_tokens):
-            if cache is not None and len(cache) + 1 > n_ctx:
-                cache = None  # window full: recompute the last n_ctx tokens from now on
+            if cache is not None and len(cache) + 1 > max_len:
+                cache = None  # window full: recompute the last max_len tokens from now on
             if cache is None:
-                logits, _ = model(out[:, -n_ctx:])
+                logits, _ = model(out[:, -max_len:])
             else:
                 logits, _ = model(out[:, len(cache):], kv_cache=cache)
             nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)

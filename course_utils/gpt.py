@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from course_utils.attention import ModelKVCache
 from course_utils.blocks import LayerNorm, TransformerBlock, block_parameter_count
 from course_utils.positional import LearnedPositionalEmbedding
-
-if TYPE_CHECKING:
-    from course_utils.generate import ModelKVCache
 
 INIT_STD = 0.02  # GPT-2's initial standard deviation of every weight matrix and embedding
 
@@ -33,9 +32,9 @@ class GPTConfig:
     """The sizes of a GPT. ``d_ff`` defaults to 4·d_model; ``activation`` "gelu_tanh" is GPT-2's."""
 
     vocab_size: int
-    n_ctx: int
-    n_layer: int
-    n_head: int
+    max_len: int
+    n_layers: int
+    n_heads: int
     d_model: int
     dropout: float = 0.0
     bias: bool = True
@@ -44,11 +43,11 @@ class GPTConfig:
     eps: float = 1e-5
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "n_ctx", "n_layer", "n_head", "d_model"):
+        for name in ("vocab_size", "max_len", "n_layers", "n_heads", "d_model"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"GPTConfig.{name} must be positive, got {getattr(self, name)}")
-        if self.d_model % self.n_head:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}; "
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
                              "pick a number of heads that divides d_model")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
@@ -57,21 +56,40 @@ class GPTConfig:
     def preset(cls, name: str, **overrides: Any) -> GPTConfig:
         """A named size, e.g. ``GPTConfig.preset("gpt2")``; keyword arguments replace fields."""
         if name not in PRESETS:
-            raise KeyError(f"no preset named {name!r}; known presets: {', '.join(PRESETS)}")
+            hint = f"presets are spelled with underscores, use {name.replace('-', '_')!r}; " if "-" in name else ""
+            raise KeyError(f"no preset named {name!r}; {hint}known presets: {', '.join(PRESETS)}")
         return dataclasses.replace(PRESETS[name], **overrides)
+
+    # the names before the course's one vocabulary, kept for one release
+    @property
+    def n_ctx(self) -> int:
+        return _renamed("n_ctx", "max_len", self.max_len)
+
+    @property
+    def n_layer(self) -> int:
+        return _renamed("n_layer", "n_layers", self.n_layers)
+
+    @property
+    def n_head(self) -> int:
+        return _renamed("n_head", "n_heads", self.n_heads)
+
+
+def _renamed(old: str, new: str, value: int) -> int:
+    warnings.warn(f"GPTConfig.{old} is deprecated; use GPTConfig.{new}", DeprecationWarning, stacklevel=3)
+    return value
 
 
 GPT2_VOCAB = 50_257
 PRESETS: dict[str, GPTConfig] = {
     # OpenAI's GPT-2 family (2019): context 1,024, byte-level BPE vocabulary of 50,257 tokens
     "gpt2": GPTConfig(GPT2_VOCAB, 1024, 12, 12, 768),
-    "gpt2-medium": GPTConfig(GPT2_VOCAB, 1024, 24, 16, 1024),
-    "gpt2-large": GPTConfig(GPT2_VOCAB, 1024, 36, 20, 1280),
-    "gpt2-xl": GPTConfig(GPT2_VOCAB, 1024, 48, 25, 1600),
+    "gpt2_medium": GPTConfig(GPT2_VOCAB, 1024, 24, 16, 1024),
+    "gpt2_large": GPTConfig(GPT2_VOCAB, 1024, 36, 20, 1280),
+    "gpt2_xl": GPTConfig(GPT2_VOCAB, 1024, 48, 25, 1600),
     # GPT-3 175B (2020): context 2,048, same vocabulary
     "gpt3": GPTConfig(GPT2_VOCAB, 2048, 96, 96, 12288),
     # the course's character-level model on Shakespeare (84 distinct characters in the corpus)
-    "shakespeare-char": GPTConfig(84, 256, 6, 6, 384, dropout=0.2),
+    "shakespeare_char": GPTConfig(84, 256, 6, 6, 384, dropout=0.2),
     # small sizes for CI and laptops
     "smoke": GPTConfig(84, 32, 2, 2, 32),
     "cpu": GPTConfig(84, 128, 4, 4, 128),
@@ -84,15 +102,16 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = c = config
-        self.wte = nn.Embedding(c.vocab_size, c.d_model)  # token embedding W_emb (V, D), also the unembedding
-        self.wpe = LearnedPositionalEmbedding(c.n_ctx, c.d_model)  # W_pos (n_ctx, D)
+        # W_emb (V, D), also the unembedding (the output layer is tied to it, so there is no lm_head)
+        self.token_embedding = nn.Embedding(c.vocab_size, c.d_model)
+        self.position_embedding = LearnedPositionalEmbedding(c.max_len, c.d_model)  # W_pos (max_len, D)
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
-            TransformerBlock(c.d_model, c.n_head, d_ff=c.d_ff, activation=c.activation, norm_first=True,
+            TransformerBlock(c.d_model, c.n_heads, d_ff=c.d_ff, activation=c.activation, norm_first=True,
                              eps=c.eps, bias=c.bias, dropout=c.dropout, attn_impl="fused")
-            for _ in range(c.n_layer)
+            for _ in range(c.n_layers)
         )
-        self.ln_f = LayerNorm(c.d_model, eps=c.eps)
+        self.final_norm = LayerNorm(c.d_model, eps=c.eps)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -105,7 +124,7 @@ class GPT(nn.Module):
             elif name.endswith("gamma"):
                 nn.init.ones_(p)
             elif name.endswith(("attn.W_O.weight", "ffn.W_out.weight")):
-                nn.init.normal_(p, 0.0, INIT_STD / math.sqrt(2 * self.config.n_layer))
+                nn.init.normal_(p, 0.0, INIT_STD / math.sqrt(2 * self.config.n_layers))
             else:
                 nn.init.normal_(p, 0.0, INIT_STD)
 
@@ -116,18 +135,12 @@ class GPT(nn.Module):
         ``targets`` (B, T) are the next tokens; the loss is their mean cross-entropy (targets equal
         to -100 are ignored). With ``kv_cache`` the T new tokens continue the cached positions.
         """
-        if idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"idx must be (B, T) integer token ids, got shape {tuple(idx.shape)} and dtype "
-                             f"{idx.dtype}; for one sequence use idx[None]")
-        T = idx.shape[1]
         offset = 0 if kv_cache is None else len(kv_cache)
-        if offset + T > self.config.n_ctx:
-            raise ValueError(f"sequence of {offset + T} tokens is longer than the context n_ctx={self.config.n_ctx}"
-                             f"; crop it to the last {self.config.n_ctx} tokens, e.g. idx[:, -n_ctx:]")
-        x = self.drop(self.wte(idx) + self.wpe(T, offset))  # (B, T, D)
+        self._check_idx(idx, offset)
+        x = self.drop(self.token_embedding(idx) + self.position_embedding(idx.shape[1], offset))  # (B, T, D)
         for i, block in enumerate(self.blocks):
             x = block(x, causal=True, kv_cache=None if kv_cache is None else kv_cache[i])
-        logits = F.linear(self.ln_f(x), self.wte.weight)  # (B, T, V): unembedding tied to W_emb
+        logits = F.linear(self.final_norm(x), self.token_embedding.weight)  # (B, T, V): tied to W_emb
         if targets is None:
             return logits, None
         if targets.shape != idx.shape:
@@ -135,8 +148,23 @@ class GPT(nn.Module):
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
         return logits, loss
 
+    def _check_idx(self, idx: torch.Tensor, offset: int) -> None:
+        """Reject what the lookups would fail on, instead of PyTorch's bare "index out of range in self"."""
+        c = self.config
+        if idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"idx must be (B, T) integer token ids, got shape {tuple(idx.shape)} and dtype "
+                             f"{idx.dtype}; for one sequence use idx[None]")
+        if offset + idx.shape[1] > c.max_len:
+            raise ValueError(f"sequence of {offset + idx.shape[1]} tokens is longer than the context "
+                             f"max_len={c.max_len}; crop it to the last {c.max_len} tokens, e.g. idx[:, -max_len:]")
+        if idx.numel():
+            low, high = (int(v) for v in torch.aminmax(idx))
+            if low < 0 or high >= c.vocab_size:
+                raise ValueError(f"token ids must lie in [0, vocab_size={c.vocab_size}), got ids from {low} to "
+                                 f"{high}; encode the text with the tokenizer this model was built for")
+
     @classmethod
-    def from_hf_state_dict(cls, state_dict: dict[str, torch.Tensor], n_head: int, eps: float = 1e-5) -> GPT:
+    def from_hf_state_dict(cls, state_dict: dict[str, torch.Tensor], n_heads: int, eps: float = 1e-5) -> GPT:
         """A GPT holding the weights of a Hugging Face ``GPT2LMHeadModel`` (or ``GPT2Model``) state dict.
 
         HF's ``Conv1D`` layers store weights as (in, out), so they are transposed into our
@@ -148,28 +176,14 @@ class GPT(nn.Module):
         if missing:
             raise KeyError(f"not a GPT-2 state dict: missing {', '.join(missing)}; pass hf_model.state_dict()")
         V, D = sd["wte.weight"].shape
-        n_layer = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("h."))
+        n_layers = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("h."))
         d_ff = sd["h.0.mlp.c_fc.weight"].shape[1]
         d_ff = None if d_ff == 4 * D else d_ff  # the default width
         if "lm_head.weight" in sd and not torch.equal(sd["lm_head.weight"], sd["wte.weight"]):
             raise ValueError("lm_head.weight differs from wte.weight; this GPT ties the unembedding to "
                              "the token embedding, so it can only load tied checkpoints")
-        config = GPTConfig(V, sd["wpe.weight"].shape[0], n_layer, n_head, D, d_ff=d_ff, eps=eps)
-        ours: dict[str, torch.Tensor] = {"wte.weight": sd["wte.weight"], "wpe.weight": sd["wpe.weight"],
-                                         "ln_f.gamma": sd["ln_f.weight"], "ln_f.beta": sd["ln_f.bias"]}
-        for i in range(n_layer):
-            h, b = f"h.{i}.", f"blocks.{i}."
-            w_qkv, b_qkv = sd[h + "attn.c_attn.weight"].split(D, dim=1), sd[h + "attn.c_attn.bias"].split(D)
-            for j, name in enumerate(("W_Q", "W_K", "W_V")):
-                ours[b + f"attn.{name}.weight"] = w_qkv[j].t()
-                ours[b + f"attn.{name}.bias"] = b_qkv[j]
-            pairs = {"attn.W_O": "attn.c_proj", "ffn.W_in": "mlp.c_fc", "ffn.W_out": "mlp.c_proj"}
-            for mine, theirs in pairs.items():
-                ours[b + mine + ".weight"] = sd[h + theirs + ".weight"].t()
-                ours[b + mine + ".bias"] = sd[h + theirs + ".bias"]
-            for mine, theirs in (("norm1", "ln_1"), ("norm2", "ln_2")):
-                ours[b + mine + ".gamma"] = sd[h + theirs + ".weight"]
-                ours[b + mine + ".beta"] = sd[h + theirs + ".bias"]
+        config = GPTConfig(V, sd["wpe.weight"].shape[0], n_layers, n_heads, D, d_ff=d_ff, eps=eps)
+        ours = _gpt2_to_ours(sd, n_layers, D)
         with torch.device("meta"):
             model = cls(config)
         model.load_state_dict({k: v.detach().clone() for k, v in ours.items()}, strict=True, assign=True)
@@ -182,30 +196,50 @@ class GPT(nn.Module):
         from transformers import GPT2LMHeadModel
 
         hf = GPT2LMHeadModel.from_pretrained(name)
-        return cls.from_hf_state_dict(hf.state_dict(), n_head=hf.config.n_head, eps=hf.config.layer_norm_epsilon)
+        return cls.from_hf_state_dict(hf.state_dict(), n_heads=hf.config.n_head, eps=hf.config.layer_norm_epsilon)
+
+
+def _gpt2_to_ours(sd: dict[str, torch.Tensor], n_layers: int, D: int) -> dict[str, torch.Tensor]:
+    """GPT-2's tensor names (wte, wpe, h.i, ln_f) -> this module's names, Conv1D weights transposed."""
+    ours = {"token_embedding.weight": sd["wte.weight"], "position_embedding.weight": sd["wpe.weight"],
+            "final_norm.gamma": sd["ln_f.weight"], "final_norm.beta": sd["ln_f.bias"]}
+    for i in range(n_layers):
+        h, b = f"h.{i}.", f"blocks.{i}."
+        w_qkv, b_qkv = sd[h + "attn.c_attn.weight"].split(D, dim=1), sd[h + "attn.c_attn.bias"].split(D)
+        for j, name in enumerate(("W_Q", "W_K", "W_V")):
+            ours[b + f"attn.{name}.weight"] = w_qkv[j].t()
+            ours[b + f"attn.{name}.bias"] = b_qkv[j]
+        pairs = {"attn.W_O": "attn.c_proj", "ffn.W_in": "mlp.c_fc", "ffn.W_out": "mlp.c_proj"}
+        for mine, theirs in pairs.items():
+            ours[b + mine + ".weight"] = sd[h + theirs + ".weight"].t()
+            ours[b + mine + ".bias"] = sd[h + theirs + ".bias"]
+        for mine, theirs in (("norm1", "ln_1"), ("norm2", "ln_2")):
+            ours[b + mine + ".gamma"] = sd[h + theirs + ".weight"]
+            ours[b + mine + ".beta"] = sd[h + theirs + ".bias"]
+    return ours
 
 
 # ---------------------------------------------------------------- counting parameters and compute
 
 def embedding_params(config: GPTConfig) -> int:
-    """Token embedding V·D (reused as the unembedding, so counted once) plus positions n_ctx·D."""
-    return (config.vocab_size + config.n_ctx) * config.d_model
+    """Token embedding V·D (reused as the unembedding, so counted once) plus positions max_len·D."""
+    return (config.vocab_size + config.max_len) * config.d_model
 
 
 def count_params(config: GPTConfig) -> int:
-    """N = V·d + n_ctx·d + L·(12d² + 13d) + 2d for GPT-2's layout, exact for any config.
+    """N = V·d + max_len·d + L·(12d² + 13d) + 2d for GPT-2's layout, exact for any config.
 
     The per-block count comes from ``blocks.block_parameter_count`` (it knows d_ff, SwiGLU and
     biases); the final LayerNorm adds 2d.
     """
     c = config
     per_block = block_parameter_count(c.d_model, c.d_ff, c.activation, c.bias)
-    return embedding_params(c) + c.n_layer * per_block + 2 * c.d_model
+    return embedding_params(c) + c.n_layers * per_block + 2 * c.d_model
 
 
 def count_params_approx(config: GPTConfig) -> int:
     """12·L·d²: the weight matrices of the blocks (4d² attention + 8d² MLP each), the bulk for large d."""
-    return 12 * config.n_layer * config.d_model ** 2
+    return 12 * config.n_layers * config.d_model ** 2
 
 
 def count_instantiated(config: GPTConfig) -> int:
@@ -225,7 +259,7 @@ def flops_per_token(config: GPTConfig, seq_len: int, training: bool = False) -> 
     """
     if seq_len <= 0:
         raise ValueError(f"seq_len must be positive, got {seq_len}")
-    forward = 2 * count_params(config) + 4 * config.n_layer * seq_len * config.d_model
+    forward = 2 * count_params(config) + 4 * config.n_layers * seq_len * config.d_model
     return 3 * forward if training else forward
 
 
@@ -235,9 +269,9 @@ def training_compute(n_params: int, n_tokens: int) -> int:
 
 
 def size_report(config: GPTConfig, seq_len: int | None = None) -> dict[str, float]:
-    """The numbers the lesson's calculator shows for one config (``seq_len`` defaults to n_ctx)."""
+    """The numbers the lesson's calculator shows for one config (``seq_len`` defaults to max_len)."""
     n = count_params(config)
-    seq_len = config.n_ctx if seq_len is None else seq_len
+    seq_len = config.max_len if seq_len is None else seq_len
     return {
         "params": n,
         "approx_12Ld2": count_params_approx(config),

@@ -5,7 +5,7 @@ On CUDA it turns on what makes training fast (bf16 autocast, TF32 matmuls, ``tor
 fused AdamW); on a CPU it stays in float32 and eager mode. Under ``torchrun`` every process runs
 this same code on its share of each batch and DistributedDataParallel averages the gradients.
 
-Shapes: ``B`` batch, ``T`` context length (``n_ctx``), ``V`` vocabulary, ``D`` model width.
+Shapes: ``B`` batch, ``T`` context length (``max_len``), ``V`` vocabulary, ``D`` model width.
 """
 
 from __future__ import annotations
@@ -82,13 +82,12 @@ TRAIN_PRESETS = {
 # What `course train --config NAME` changes in GPTConfig.preset(NAME), besides the vocabulary: in a
 # CPU's two minutes, 3 blocks with a context of 64 (nanoGPT's CPU recipe has 4 x 64) take more
 # optimiser steps, and reach a lower validation loss, than 4 blocks with a context of 128.
-MODEL_OVERRIDES = {"cpu": {"n_ctx": 64, "n_layer": 3}}
+MODEL_OVERRIDES = {"cpu": {"max_len": 64, "n_layers": 3}}
 
 
 def model_config(name: str, vocab_size: int) -> gpt.GPTConfig:
     """The GPT that ``course train --config name`` trains, for a tokenizer of ``vocab_size`` tokens."""
-    preset = name if name in gpt.PRESETS else name.replace("_", "-")  # gpt spells shakespeare-char
-    return gpt.GPTConfig.preset(preset, vocab_size=vocab_size, **MODEL_OVERRIDES.get(name, {}))
+    return gpt.GPTConfig.preset(name, vocab_size=vocab_size, **MODEL_OVERRIDES.get(name, {}))
 
 
 def parse_duration(text: str | float) -> float:
@@ -164,7 +163,7 @@ def get_batch(data: torch.Tensor, batch_size: int, block_size: int, generator: t
         raise ValueError(f"data must be a 1-D tensor of token ids, got shape {tuple(data.shape)}")
     if len(data) < block_size + 1:
         raise ValueError(f"the data has {len(data)} tokens, fewer than block_size + 1 = {block_size + 1}; "
-                         "use more text or a smaller n_ctx")
+                         "use more text or a smaller max_len")
     starts = torch.randint(len(data) - block_size, (world_size * batch_size,), generator=generator)
     starts = starts[rank * batch_size:(rank + 1) * batch_size]
     windows = data[starts[:, None] + torch.arange(block_size + 1)]  # (B, T + 1)
@@ -337,7 +336,7 @@ def train(model: nn.Module, train_data: torch.Tensor, val_data: torch.Tensor, cf
         model = nn.parallel.DistributedDataParallel(model, device_ids=[where.device.index]
                                                     if where.device.type == "cuda" else None)
     splits = {"train": train_data, "val": val_data}
-    T, B = mcfg.n_ctx, cfg.batch_size
+    T, B = mcfg.max_len, cfg.batch_size
     tokens_per_step = B * T * cfg.grad_accum * where.world_size
     flops = gpt.flops_per_token(mcfg, T, training=True)  # 6N + 12·L·T·D per token
     peak = peak_tflops(torch.cuda.get_device_name(where.device), dtype) if where.device.type == "cuda" else None

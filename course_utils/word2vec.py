@@ -233,7 +233,7 @@ class WordVectors:
 # --- training --------------------------------------------------------------------------------
 
 @dataclass
-class TrainResult:
+class SGNSResult:
     """What ``train`` returns: the vectors, the model, the vocabulary, the loss curve and timing."""
 
     vectors: WordVectors
@@ -254,8 +254,8 @@ def encode_sentences(sentences: Sequence[Sequence[str]], vocab: Vocab) -> tuple[
     return torch.tensor(ids, dtype=torch.long), torch.tensor(sid, dtype=torch.long)
 
 
-def train(sentences: Sequence[Sequence[str]], config: Word2VecConfig | None = None,
-          log_every: int = 200, progress: bool = True, device: torch.device | str = "cpu") -> TrainResult:
+def train_sgns(sentences: Sequence[Sequence[str]], config: Word2VecConfig | None = None,
+                log_every: int = 200, progress: bool = True, device: torch.device | str = "cpu") -> SGNSResult:
     """Train SGNS on tokenised sentences (lists of words), e.g. ``tokenize.sentences(text)``.
 
     Each epoch subsamples the text afresh, builds all (centre, context) pairs with a dynamic
@@ -265,7 +265,7 @@ def train(sentences: Sequence[Sequence[str]], config: Word2VecConfig | None = No
     """
     config = config or Word2VecConfig()
     if not sentences or isinstance(sentences[0], str):
-        raise ValueError("train() takes a list of sentences, each a list of words; "
+        raise ValueError("train_sgns() takes a list of sentences, each a list of words; "
                          "use course_utils.tokenize.sentences(text)")
     gen = torch.Generator().manual_seed(config.seed)
     vocab = Vocab.build(sentences, min_count=config.min_count, unk=None)
@@ -303,7 +303,7 @@ def train(sentences: Sequence[Sequence[str]], config: Word2VecConfig | None = No
     bar.close()
     seconds = time.perf_counter() - start
     vectors = WordVectors(vocab.itos, model.in_embed.detach().cpu().clone())
-    return TrainResult(vectors, model, vocab, losses, pairs_per_epoch, seconds)
+    return SGNSResult(vectors, model, vocab, losses, pairs_per_epoch, seconds)
 
 
 # --- evaluation on the benchmarks that ship with gensim --------------------------------------

@@ -51,7 +51,7 @@ def test_generate_clears_outputs_keeps_metadata_and_names_the_lesson():
     cell.outputs = [nbformat.v4.new_output("stream", text="hi\n")]
     nb = new_notebook(cells=[new_markdown_cell("# L"), cell])
     nb.metadata["course"] = {"mode": "cpu", "device": "cpu"}
-    out = assign.generate(nb, "03_topic")
+    out = assign.build_exercises(nb, "03_topic")
     assert out.metadata["course"] == {"lesson": "03_topic", "kind": "exercise"}
     assert out.cells[1].outputs == [] and out.cells[1].execution_count is None
     assert out.cells[1].metadata["nbgrader"] == ANSWER
@@ -62,11 +62,11 @@ def test_generate_clears_outputs_keeps_metadata_and_names_the_lesson():
 def test_solution_markers_need_nbgrader_metadata_and_unique_ids():
     bare = new_notebook(cells=[new_code_cell("### BEGIN SOLUTION\nx = 1\n### END SOLUTION")])
     with pytest.raises(assign.AssignError, match="solution: true"):
-        assign.generate(bare, "01_x")
+        assign.build_exercises(bare, "01_x")
     twice = new_notebook(cells=[new_code_cell("x = 1", metadata={"nbgrader": dict(ANSWER)}),
                                 new_code_cell("y = 1", metadata={"nbgrader": dict(ANSWER)})])
     with pytest.raises(assign.AssignError, match="unique grade_id"):
-        assign.generate(twice, "01_x")
+        assign.build_exercises(twice, "01_x")
 
 
 def test_course_assign_command_writes_exercises(tmp_path):

@@ -116,10 +116,10 @@ def test_embeddings_are_rows_of_the_tables():
     model = tiny_encoder()
     ids = torch.tensor([[4, 9, 4]])
     emb = model.embeddings
-    raw = emb.token.weight[ids[0]] + emb.position.weight[:3] + emb.token_type.weight[0]
+    raw = emb.token_embedding.weight[ids[0]] + emb.position_embedding.weight[:3] + emb.type_embedding.weight[0]
     torch.testing.assert_close(emb(ids)[0], emb.norm(raw))
     one_hot = F.one_hot(ids[0], 50).float()
-    torch.testing.assert_close(one_hot @ emb.token.weight, emb.token.weight[ids[0]])
+    torch.testing.assert_close(one_hot @ emb.token_embedding.weight, emb.token_embedding.weight[ids[0]])
 
 
 def test_padding_does_not_change_real_tokens():
@@ -166,7 +166,7 @@ def test_input_errors():
 # --- the weight mapping --------------------------------------------------------------------------
 
 def test_bert_key_names():
-    assert bert_key_to_encoder("embeddings.word_embeddings.weight") == "embeddings.token.weight"
+    assert bert_key_to_encoder("embeddings.word_embeddings.weight") == "embeddings.token_embedding.weight"
     assert bert_key_to_encoder("embeddings.LayerNorm.bias") == "embeddings.norm.beta"
     assert bert_key_to_encoder("encoder.layer.3.attention.self.query.weight") == "blocks.3.attn.W_Q.weight"
     assert bert_key_to_encoder("encoder.layer.0.attention.output.dense.bias") == "blocks.0.attn.W_O.bias"

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
+from course_utils.attention import ModelKVCache
 from course_utils.generate import (
-    ModelKVCache,
     generate,
     next_token_probs,
     sample_from_probs,
@@ -105,13 +105,13 @@ def test_sampling_from_logits_instead_of_probabilities_is_refused():
 
 def tiny_gpt(seed: int = 0, **overrides) -> GPT:
     torch.manual_seed(seed)
-    config = GPTConfig(vocab_size=23, n_ctx=40, n_layer=2, n_head=2, d_model=16, **overrides)
+    config = GPTConfig(vocab_size=23, max_len=40, n_layers=2, n_heads=2, d_model=16, **overrides)
     return GPT(config).eval()
 
 
 def test_model_cache_grows_per_layer():
     model = tiny_gpt()
-    cache = ModelKVCache(model.config.n_layer)
+    cache = ModelKVCache(model.config.n_layers)
     idx = torch.randint(0, 23, (2, 5))
     model(idx, kv_cache=cache)
     assert len(cache) == 5 and all(len(layer) == 5 for layer in cache.layers)
@@ -124,7 +124,7 @@ def test_cached_logits_equal_full_forward():
     model = tiny_gpt()
     idx = torch.randint(0, 23, (3, 12), generator=torch.Generator().manual_seed(0))
     full, _ = model(idx)
-    cache = ModelKVCache(model.config.n_layer)
+    cache = ModelKVCache(model.config.n_layers)
     first, _ = model(idx[:, :7], kv_cache=cache)
     steps = [model(idx[:, t:t + 1], kv_cache=cache)[0] for t in range(7, 12)]
     stepped = torch.cat([first, *steps], dim=1)

@@ -19,7 +19,7 @@ from course_utils.gpt import (
 
 
 def small(**overrides) -> GPTConfig:
-    fields = {"vocab_size": 37, "n_ctx": 24, "n_layer": 3, "n_head": 4, "d_model": 32, **overrides}
+    fields = {"vocab_size": 37, "max_len": 24, "n_layers": 3, "n_heads": 4, "d_model": 32, **overrides}
     return GPTConfig(**fields)
 
 
@@ -27,15 +27,15 @@ def small(**overrides) -> GPTConfig:
 
 def test_gpt2_small_has_124_439_808_parameters():
     c = GPTConfig.preset("gpt2")
-    V, n_ctx, L, d = c.vocab_size, c.n_ctx, c.n_layer, c.d_model
-    assert V * d + n_ctx * d + L * (12 * d * d + 13 * d) + 2 * d == 124_439_808
+    V, N, L, d = c.vocab_size, c.max_len, c.n_layers, c.d_model
+    assert V * d + N * d + L * (12 * d * d + 13 * d) + 2 * d == 124_439_808
     assert count_params(c) == 124_439_808
     assert count_instantiated(c) == 124_439_808
     assert round(embedding_params(c) / count_params(c), 2) == 0.32
 
 
 @pytest.mark.parametrize("name, expected", [
-    ("gpt2-medium", 354_823_168), ("gpt2-large", 774_030_080), ("gpt2-xl", 1_557_611_200)])
+    ("gpt2_medium", 354_823_168), ("gpt2_large", 774_030_080), ("gpt2_xl", 1_557_611_200)])
 def test_gpt2_family_counts(name, expected):
     assert count_params(GPTConfig.preset(name)) == count_instantiated(GPTConfig.preset(name)) == expected
 
@@ -48,7 +48,7 @@ def test_formula_matches_the_instantiated_model(overrides):
 
 
 def test_every_small_preset_matches_its_model():
-    for name in ("smoke", "cpu", "shakespeare-char"):
+    for name in ("smoke", "cpu", "shakespeare_char"):
         assert count_params(PRESETS[name]) == count_instantiated(PRESETS[name])
 
 
@@ -85,13 +85,26 @@ def test_size_report():
 # ------------------------------------------------------------------------ config
 
 def test_config_errors_name_the_fix():
-    with pytest.raises(ValueError, match="divisible by n_head"):
+    with pytest.raises(ValueError, match="divisible by n_heads"):
         small(d_model=30)
-    with pytest.raises(ValueError, match="n_layer must be positive"):
-        small(n_layer=0)
+    with pytest.raises(ValueError, match="n_layers must be positive"):
+        small(n_layers=0)
     with pytest.raises(KeyError, match="known presets: gpt2"):
         GPTConfig.preset("gpt5")
-    assert GPTConfig.preset("shakespeare-char", vocab_size=65).vocab_size == 65
+    assert GPTConfig.preset("shakespeare_char", vocab_size=65).vocab_size == 65
+    for old, new in (("shakespeare-char", "shakespeare_char"), ("gpt2-medium", "gpt2_medium")):
+        with pytest.raises(KeyError, match=f"spelled with underscores, use '{new}'"):
+            GPTConfig.preset(old)
+
+
+def test_old_field_names_still_read_with_a_deprecation_warning():
+    c = small()
+    for old, new in (("n_ctx", "max_len"), ("n_layer", "n_layers"), ("n_head", "n_heads")):
+        with pytest.warns(DeprecationWarning, match=f"GPTConfig.{old} is deprecated; use GPTConfig.{new}"):
+            assert getattr(c, old) == getattr(c, new)
+    with pytest.raises(AttributeError):
+        c.n_ctx = 5  # read-only, like the fields of the frozen config
+    assert GPTConfig(37, 24, 3, 4, 32) == c  # positional order unchanged
 
 
 # ------------------------------------------------------------------------ the model
@@ -112,9 +125,13 @@ def test_forward_shapes_and_loss():
 def test_unembedding_is_tied_to_the_token_embedding():
     model = GPT(small())
     names = [n for n, _ in model.named_parameters()]
-    assert "wte.weight" in names and not any("lm_head" in n for n in names)
-    x = model.ln_f(model.wte.weight[:3])  # feeding embedding rows straight into the head
-    torch.testing.assert_close(F.linear(x, model.wte.weight), x @ model.wte.weight.T)
+    assert "token_embedding.weight" in names and not any("lm_head" in n for n in names)
+    idx = torch.randint(0, 37, (2, 5))
+    x = model.drop(model.token_embedding(idx) + model.position_embedding(5))
+    for block in model.blocks:
+        x = block(x, causal=True)
+    by_hand = model.final_norm(x) @ model.token_embedding.weight.T  # the head is W_emb transposed
+    torch.testing.assert_close(model(idx)[0], by_hand)
 
 
 def test_attention_is_causal():
@@ -131,23 +148,33 @@ def test_attention_is_causal():
 
 def test_too_long_sequence_is_a_clear_error():
     model = GPT(small())
-    with pytest.raises(ValueError, match=r"longer than the context n_ctx=24.*idx\[:, -n_ctx:\]"):
+    with pytest.raises(ValueError, match=r"longer than the context max_len=24.*idx\[:, -max_len:\]"):
         model(torch.zeros(1, 25, dtype=torch.long))
     with pytest.raises(ValueError, match=r"idx\[None\]"):
         model(torch.zeros(5, dtype=torch.long))
 
 
+@pytest.mark.parametrize("bad, shown", [(37, "from 0 to 37"), (-1, "from -1 to 0")])
+def test_token_id_outside_the_vocabulary_is_a_clear_error(bad, shown):
+    model = GPT(small())
+    idx = torch.zeros(2, 6, dtype=torch.long)
+    idx[1, 3] = bad
+    with pytest.raises(ValueError, match=rf"token ids must lie in \[0, vocab_size=37\), got ids {shown}; encode"):
+        model(idx)
+    model(idx.clamp(0, 36))  # the largest valid id is fine
+
+
 @torch.no_grad()
 def test_gpt2_initialisation():
     torch.manual_seed(0)
-    c = small(n_layer=8, d_model=256, n_head=8)
+    c = small(n_layers=8, d_model=256, n_heads=8)
     model = GPT(c)
     block = model.blocks[0]
     assert abs(float(block.attn.W_Q.weight.std()) - 0.02) < 0.001
-    scaled = 0.02 / math.sqrt(2 * c.n_layer)
+    scaled = 0.02 / math.sqrt(2 * c.n_layers)
     assert abs(float(block.attn.W_O.weight.std()) - scaled) < 0.0005
     assert abs(float(block.ffn.W_out.weight.std()) - scaled) < 0.0005
-    assert abs(float(model.wte.weight.std()) - 0.02) < 0.002
+    assert abs(float(model.token_embedding.weight.std()) - 0.02) < 0.002
     assert float(block.attn.W_Q.bias.abs().max()) == 0.0
     assert torch.equal(block.norm1.gamma, torch.ones(256))
 
@@ -163,10 +190,10 @@ def test_training_uses_dropout_and_eval_does_not():
 
 # ------------------------------------------------------------------------ parity with Hugging Face GPT-2
 
-def hf_model(vocab: int, n_ctx: int, d: int, n_layer: int, n_head: int, seed: int):
+def hf_model(vocab: int, max_len: int, d: int, n_layers: int, n_heads: int, seed: int):
     transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(vocab_size=vocab, n_positions=n_ctx, n_embd=d, n_layer=n_layer,
-                                     n_head=n_head, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    config = transformers.GPT2Config(vocab_size=vocab, n_positions=max_len, n_embd=d, n_layer=n_layers,
+                                     n_head=n_heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                                      bos_token_id=0, eos_token_id=0)
     torch.manual_seed(seed)
     model = transformers.GPT2LMHeadModel(config).eval()
@@ -177,12 +204,12 @@ def hf_model(vocab: int, n_ctx: int, d: int, n_layer: int, n_head: int, seed: in
     return model
 
 
-@pytest.mark.parametrize("vocab, n_ctx, d, n_layer, n_head, T", [
+@pytest.mark.parametrize("vocab, max_len, d, n_layers, n_heads, T", [
     (50, 16, 32, 2, 4, 1), (50, 16, 32, 2, 4, 16), (97, 64, 48, 3, 3, 33), (128, 40, 64, 1, 8, 40)])
-def test_logits_match_hugging_face_gpt2(vocab, n_ctx, d, n_layer, n_head, T):
-    hf = hf_model(vocab, n_ctx, d, n_layer, n_head, seed=T)
-    ours = GPT.from_hf_state_dict(hf.state_dict(), n_head=n_head).eval()
-    assert ours.config == GPTConfig(vocab, n_ctx, n_layer, n_head, d)
+def test_logits_match_hugging_face_gpt2(vocab, max_len, d, n_layers, n_heads, T):
+    hf = hf_model(vocab, max_len, d, n_layers, n_heads, seed=T)
+    ours = GPT.from_hf_state_dict(hf.state_dict(), n_heads=n_heads).eval()
+    assert ours.config == GPTConfig(vocab, max_len, n_layers, n_heads, d)
     idx = torch.randint(0, vocab, (3, T), generator=torch.Generator().manual_seed(T))
     with torch.no_grad():
         expected = hf(idx).logits
@@ -192,11 +219,11 @@ def test_logits_match_hugging_face_gpt2(vocab, n_ctx, d, n_layer, n_head, T):
 
 def test_hf_loading_rejects_wrong_input():
     with pytest.raises(KeyError, match="not a GPT-2 state dict"):
-        GPT.from_hf_state_dict(GPT(small()).state_dict(), n_head=4)
+        GPT.from_hf_state_dict(GPT(small()).state_dict(), n_heads=4)
     sd = dict(hf_model(50, 16, 32, 1, 4, seed=0).state_dict())
     sd["lm_head.weight"] = sd["lm_head.weight"] + 1.0
     with pytest.raises(ValueError, match="ties the unembedding"):
-        GPT.from_hf_state_dict(sd, n_head=4)
+        GPT.from_hf_state_dict(sd, n_heads=4)
 
 
 # ------------------------------------------------------------------------ lesson 07 exercises
@@ -225,11 +252,11 @@ def test_count_and_loss_exercises():
 
 def test_hf_base_model_state_dict_loads_too_and_trains():
     hf = hf_model(50, 16, 32, 2, 4, seed=1)
-    full = GPT.from_hf_state_dict(hf.state_dict(), n_head=4)
-    base = GPT.from_hf_state_dict(hf.transformer.state_dict(), n_head=4)  # GPT2Model keys, no "transformer."
+    full = GPT.from_hf_state_dict(hf.state_dict(), n_heads=4)
+    base = GPT.from_hf_state_dict(hf.transformer.state_dict(), n_heads=4)  # GPT2Model keys, no "transformer."
     idx = torch.randint(0, 50, (2, 9))
     assert torch.equal(full(idx)[0], base(idx)[0])
     assert all(p.requires_grad and p.device.type == "cpu" for p in full.parameters())
     _, loss = full(idx, idx)
     loss.backward()
-    assert full.wte.weight.grad is not None
+    assert full.token_embedding.weight.grad is not None

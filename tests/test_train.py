@@ -22,7 +22,7 @@ TEXT = ("ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the e
 
 def tiny(vocab: int, dropout: float = 0.0) -> GPT:
     torch.manual_seed(0)
-    return GPT(GPTConfig(vocab, n_ctx=16, n_layer=2, n_head=2, d_model=32, dropout=dropout))
+    return GPT(GPTConfig(vocab, max_len=16, n_layers=2, n_heads=2, d_model=32, dropout=dropout))
 
 
 def cfg(**kw) -> T.TrainConfig:
@@ -56,7 +56,7 @@ def test_ranks_split_one_global_batch():
 def test_get_batch_errors():
     with pytest.raises(ValueError, match="1-D"):
         T.get_batch(torch.zeros(2, 50, dtype=torch.long), 2, 4, torch.Generator())
-    with pytest.raises(ValueError, match="smaller n_ctx"):
+    with pytest.raises(ValueError, match="smaller max_len"):
         T.get_batch(torch.arange(8), 2, 8, torch.Generator())
 
 

@@ -167,8 +167,8 @@ def test_evaluation_matches_gensim(lee_sentences):
 
 def test_train_is_deterministic_and_learns(lee_sentences):
     config = w2v.Word2VecConfig(dim=8, window=2, min_count=3, epochs=2, batch_size=512, seed=3)
-    first = w2v.train(lee_sentences[:1500], config, log_every=10, progress=False)
-    second = w2v.train(lee_sentences[:1500], config, log_every=10, progress=False)
+    first = w2v.train_sgns(lee_sentences[:1500], config, log_every=10, progress=False)
+    second = w2v.train_sgns(lee_sentences[:1500], config, log_every=10, progress=False)
     assert torch.equal(first.vectors.vectors, second.vectors.vectors)
     assert first.vectors.vectors.shape == (len(first.vocab), 8)
     assert first.vocab.itos[0] == "the" and first.vocab.count("the") >= 3
@@ -178,7 +178,7 @@ def test_train_is_deterministic_and_learns(lee_sentences):
 
 def test_train_and_config_errors():
     with pytest.raises(ValueError, match="tokenize.sentences"):
-        w2v.train(["to", "be"])
+        w2v.train_sgns(["to", "be"])
     with pytest.raises(ValueError, match="window must be a positive integer"):
         w2v.Word2VecConfig(window=0)
     with pytest.raises(ValueError, match="min_lr"):

@@ -131,19 +131,19 @@ def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
 def _count_cases(gen: torch.Generator) -> list[Case]:
     # fixed sizes: the check prints the counts, and stored notebook outputs must not change run to run
-    return [Case("GPT-2 small: V=50257, n_ctx=1024, d=768, L=12", (50257, 1024, 768, 12)),
-            Case("GPT-2 medium: V=50257, n_ctx=1024, d=1024, L=24", (50257, 1024, 1024, 24)),
-            Case("the Shakespeare model: V=84, n_ctx=256, d=384, L=6", (84, 256, 384, 6))]
+    return [Case("GPT-2 small: V=50257, max_len=1024, d=768, L=12", (50257, 1024, 768, 12)),
+            Case("GPT-2 medium: V=50257, max_len=1024, d=1024, L=24", (50257, 1024, 1024, 24)),
+            Case("the Shakespeare model: V=84, max_len=256, d=384, L=6", (84, 256, 384, 6))]
 
 
 def _count_hint(case: Case, got, expected) -> str | None:
-    V, n_ctx, d, L = case.args
+    V, max_len, d, L = case.args
     if not isinstance(got, int):
         return "return a Python int"
     misses = {V * d: "the unembedding is tied to the token embedding: count V·d once",
               -L * 13 * d: "the biases and the two LayerNorms add 13d per block",
               -2 * d: "the final LayerNorm adds 2d (γ and β)",
-              -n_ctx * d: "the learned position table adds n_ctx·d",
+              -max_len * d: "the learned position table adds max_len·d",
               -V * d: "the token embedding adds V·d"}
     if got - expected in misses:
         return misses[got - expected]
@@ -153,10 +153,10 @@ def _count_hint(case: Case, got, expected) -> str | None:
 
 
 @exercise(cases=_count_cases, hints=[_count_hint])
-def gpt_param_count(V: int, n_ctx: int, d: int, L: int) -> int:
-    """The exact number of parameters of a GPT-2-style model: vocabulary V, context n_ctx, width d,
+def gpt_param_count(V: int, max_len: int, d: int, L: int) -> int:
+    """The exact number of parameters of a GPT-2-style model: vocabulary V, context max_len, width d,
     L blocks (MLP width 4d, biases everywhere, tied unembedding)."""
-    return count_params(GPTConfig(vocab_size=V, n_ctx=n_ctx, n_layer=L, n_head=1, d_model=d))
+    return count_params(GPTConfig(vocab_size=V, max_len=max_len, n_layers=L, n_heads=1, d_model=d))
 
 
 # ------------------------------------------------------------------ sampling with a temperature
