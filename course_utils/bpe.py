@@ -62,6 +62,8 @@ def _best_pair(counts: dict[tuple[int, int], int]) -> tuple[int, int]:
 class BPETokenizer:
     """A byte-level BPE tokenizer: ``merges[k]`` is the pair that became token ``256 + k``."""
 
+    kind = "bpe"  # recorded by ``to_dict``; ``tokenize.load_tokenizer`` dispatches on it
+
     def __init__(self, merges: Iterable[Sequence[int]] = ()) -> None:
         self.merges: list[tuple[int, int]] = []
         self.vocab: list[bytes] = [bytes([b]) for b in range(N_BYTES)]
@@ -154,11 +156,12 @@ class BPETokenizer:
 
     def to_dict(self) -> dict:
         """Plain lists only, so a checkpoint holding it loads with ``torch.load(weights_only=True)``."""
-        return {"kind": "bpe", "merges": [list(p) for p in self.merges]}
+        return {"kind": self.kind, "merges": [list(p) for p in self.merges]}
 
     @classmethod
     def from_dict(cls, state: dict) -> BPETokenizer:
-        if state.get("kind") != "bpe":
+        """The tokenizer that ``to_dict`` described."""
+        if state.get("kind") != cls.kind:
             raise ValueError(f"not a BPE tokenizer state (kind={state.get('kind')!r})")
         return cls(state["merges"])
 

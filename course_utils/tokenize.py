@@ -6,6 +6,10 @@ line breaks separate words. Apostrophes *inside* a word are kept ("o'er", "ne'er
 Early Modern English spells many words that way; a leading or trailing apostrophe is a quote mark
 and is dropped. ``Vocab`` numbers the words that occur often enough. Lesson 08 reads characters
 instead (``CharTokenizer``) or byte-pair pieces (``BPETokenizer``, from ``course_utils.bpe``).
+
+Both of those follow one interface, ``Tokenizer``: ``encode``, ``decode``, ``vocab_size``, and
+``to_dict()`` -> plain lists and strings tagged with the tokenizer's ``kind``, which is what a
+checkpoint stores; ``load_tokenizer(state)`` rebuilds the right class from that ``kind``.
 """
 
 from __future__ import annotations
@@ -13,10 +17,11 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from typing import Protocol, runtime_checkable
 
 from course_utils.bpe import BPETokenizer
 
-__all__ = ["BPETokenizer", "CharTokenizer", "Vocab", "sentences", "words"]
+__all__ = ["BPETokenizer", "CharTokenizer", "Tokenizer", "Vocab", "load_tokenizer", "sentences", "words"]
 
 WORD = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*")
 SENTENCE_END = re.compile(r"[.!?]+|\n\s*\n")
@@ -112,8 +117,26 @@ class Vocab:
         return [self.token(i) for i in ids]
 
 
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What the trainer and ``course sample`` need from a tokenizer (text <-> ids, and a saved form)."""
+
+    kind: str
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Iterable[int]) -> str: ...
+
+    def to_dict(self) -> dict: ...
+
+
 class CharTokenizer:
     """One id per distinct character of a text, in sorted order (the char-level GPT of lesson 08)."""
+
+    kind = "char"  # recorded by ``to_dict``; ``load_tokenizer`` dispatches on it
 
     def __init__(self, text: str):
         if not text:
@@ -145,3 +168,25 @@ class CharTokenizer:
                 raise ValueError(f"id {i} is out of range: this tokenizer has ids 0..{self.vocab_size - 1}")
             out.append(self.chars[i])
         return "".join(out)
+
+    def to_dict(self) -> dict:
+        """Its alphabet as one string, so a checkpoint holding it loads with ``weights_only=True``."""
+        return {"kind": self.kind, "chars": "".join(self.chars)}
+
+    @classmethod
+    def from_dict(cls, state: dict) -> CharTokenizer:
+        """The tokenizer that ``to_dict`` described (the sorted alphabet rebuilds the same ids)."""
+        if state.get("kind") != cls.kind:
+            raise ValueError(f"not a character tokenizer state (kind={state.get('kind')!r})")
+        return cls(state["chars"])
+
+
+TOKENIZERS: dict[str, type] = {cls.kind: cls for cls in (CharTokenizer, BPETokenizer)}
+
+
+def load_tokenizer(state: dict) -> Tokenizer:
+    """Rebuild a tokenizer from its ``to_dict()`` form, choosing the class by the recorded ``kind``."""
+    kind = state.get("kind") if isinstance(state, dict) else None
+    if kind not in TOKENIZERS:
+        raise ValueError(f"unknown tokenizer kind {kind!r}; expected one of {', '.join(TOKENIZERS)}")
+    return TOKENIZERS[kind].from_dict(state)

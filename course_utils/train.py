@@ -1,20 +1,21 @@
 """Training a GPT: batches, AdamW, warmup + cosine, checkpoints, throughput, one GPU or many.
 
-``train`` is the whole loop and fits in one screen; the helpers above it are each one idea.
-On CUDA it turns on what makes training fast (bf16 autocast, TF32 matmuls, ``torch.compile``,
-fused AdamW); on a CPU it stays in float32 and eager mode. Under ``torchrun`` every process runs
-this same code on its share of each batch and DistributedDataParallel averages the gradients.
+``train`` runs four named phases over one ``Run`` object: ``set_up`` (device, optimiser, resume),
+``train_step`` (one optimiser step), ``evaluate`` / ``log`` (validation loss, training loss and
+speed into the history) and ``save`` (an atomic checkpoint); the helpers above them are each one
+idea. The device is ``runtime.device()`` (CUDA, then MPS, then the CPU); under ``torchrun`` each
+process takes its own ``cuda:LOCAL_RANK`` (or the CPU with gloo), DistributedDataParallel averages
+the gradients. On CUDA the trainer turns on what makes training fast (bf16 autocast, TF32 matmuls,
+``torch.compile``, fused AdamW); on MPS and the CPU it stays in float32, eager mode, plain AdamW.
 
 Shapes: ``B`` batch, ``T`` context length (``max_len``), ``V`` vocabulary, ``D`` model width.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import math
 import os
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,8 +25,8 @@ import torch.distributed as dist
 from torch import nn
 from tqdm.auto import tqdm
 
-from course_utils import gpt
-from course_utils.bpe import BPETokenizer
+from course_utils import gpt, runtime
+from course_utils.tokenize import Tokenizer, load_tokenizer
 
 CHECKPOINT = "ckpt.pt"
 
@@ -90,20 +91,6 @@ def model_config(name: str, vocab_size: int) -> gpt.GPTConfig:
     return gpt.GPTConfig.preset(name, vocab_size=vocab_size, **MODEL_OVERRIDES.get(name, {}))
 
 
-def parse_duration(text: str | float) -> float:
-    """``"110s"``, ``"5m"``, ``"1.5h"`` or a plain number of seconds -> seconds."""
-    if isinstance(text, (int, float)):
-        seconds = float(text)
-    else:
-        m = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([smh]?)\s*", str(text))
-        if not m:
-            raise ValueError(f"cannot read the duration {text!r}; write e.g. 90s, 5m or 1.5h")
-        seconds = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
-    if seconds <= 0:
-        raise ValueError(f"a time budget must be positive, got {text!r}")
-    return seconds
-
-
 # ---------------------------------------------------------------------------------------------
 # Devices and processes
 @dataclass(frozen=True)
@@ -120,9 +107,10 @@ class Dist:
 
 
 def setup_distributed() -> Dist:
-    """Join the process group when started by ``torchrun`` (NCCL on GPUs, gloo on CPUs)."""
+    """One process: ``runtime.device()``. Under ``torchrun``: join the process group, each process
+    on its own GPU ``cuda:LOCAL_RANK`` with NCCL, or on the CPU with gloo (MPS has no DDP backend)."""
     if "RANK" not in os.environ:
-        return Dist(device=torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+        return Dist(device=runtime.device())
     rank, world, local = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
     if torch.cuda.is_available():
         torch.cuda.set_device(local)
@@ -135,7 +123,8 @@ def setup_distributed() -> Dist:
 
 
 def autocast_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype:
-    """bfloat16 where the hardware does it natively (CUDA, compute capability >= 8), else float32."""
+    """bfloat16 where the hardware does it natively (CUDA, compute capability >= 8), else float32.
+    MPS stays float32 too: its bf16 support depends on the macOS version, float32 works everywhere."""
     if cfg.dtype not in ("auto", "bfloat16", "float32"):
         raise ValueError(f"dtype must be auto, bfloat16 or float32, got {cfg.dtype!r}")
     if cfg.dtype == "float32" or device.type != "cuda":
@@ -184,7 +173,7 @@ def lr_at(step: int, max_steps: int, lr: float, min_lr: float, warmup: int) -> f
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only (not on biases, norm gains or 1-D vectors);
-    the fused CUDA kernel when on a GPU."""
+    the fused kernel on CUDA, the plain one elsewhere (MPS included)."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
@@ -244,26 +233,12 @@ def peak_tflops(device_name: str, dtype: torch.dtype) -> float | None:
 
 # ---------------------------------------------------------------------------------------------
 # Checkpoints
-def tokenizer_state(tokenizer) -> dict | None:
-    """A tokenizer as plain lists/strings (char: its alphabet; bpe: its merges)."""
-    if tokenizer is None:
-        return None
-    if isinstance(tokenizer, BPETokenizer):
-        return tokenizer.to_dict()
-    if hasattr(tokenizer, "chars"):
-        return {"kind": "char", "chars": "".join(tokenizer.chars)}
-    raise TypeError(f"cannot store a {type(tokenizer).__name__}; use CharTokenizer or BPETokenizer")
+CHECKPOINT_KEYS = ("model", "optimizer", "step", "elapsed", "history", "model_config", "train_config",
+                   "tokenizer", "rng")
 
 
-def tokenizer_from_state(state: dict):
-    """Rebuild the tokenizer stored by ``tokenizer_state``."""
-    if state["kind"] == "bpe":
-        return BPETokenizer.from_dict(state)
-    if state["kind"] == "char":
-        from course_utils.tokenize import CharTokenizer
-
-        return CharTokenizer(state["chars"])
-    raise ValueError(f"unknown tokenizer kind {state['kind']!r} in the checkpoint")
+class CheckpointError(ValueError):
+    """A file that is not a checkpoint written by ``train``: damaged, truncated, or something else."""
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
@@ -277,18 +252,66 @@ def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:
-    """Read a checkpoint with ``weights_only=True``: tensors and plain containers, no pickled code."""
+    """Read a checkpoint with ``weights_only=True``: tensors and plain containers, no pickled code.
+
+    A missing file is a FileNotFoundError; an unreadable one, or one that is not a checkpoint of
+    ``train``, a one-line CheckpointError (torch's own message is about zip records and opcodes).
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}; train first (course train --out {path.parent})")
-    return torch.load(path, map_location=map_location, weights_only=True)
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except OSError as err:  # permissions, I/O: the operating system's reason is the useful part
+        raise CheckpointError(f"cannot read {path}: {err.strerror or type(err).__name__}") from None
+    except Exception:  # any failure inside the unpickler or the zip reader means the same to a user
+        raise CheckpointError(f"{path} is not a readable checkpoint (damaged, truncated, or not written by "
+                              "course train); train again or point to another ckpt.pt") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} holds a {type(state).__name__}, not a checkpoint of course train; "
+                              "point to the ckpt.pt that course train wrote")
+    missing = [key for key in CHECKPOINT_KEYS if key not in state]
+    if missing:
+        raise CheckpointError(f"{path} is not a checkpoint of course train (it lacks {', '.join(missing)}); "
+                              "point to the ckpt.pt that course train wrote")
+    return state
+
+
+def load_model(path: str | os.PathLike, device: str | torch.device | None = None) -> tuple[nn.Module, Tokenizer]:
+    """(model in eval mode on ``device``, default ``runtime.device()``; its tokenizer) from a checkpoint."""
+    device = runtime.device() if device is None else torch.device(device)
+    ckpt = load_checkpoint(path, map_location=device)
+    if ckpt["tokenizer"] is None:
+        raise CheckpointError(f"{path} holds no tokenizer (it was trained without one), so text cannot be "
+                              "decoded; train with course train, which stores it")
+    model = gpt.GPT(gpt.GPTConfig(**ckpt["model_config"]))
+    model.load_state_dict(ckpt["model"])
+    return model.to(device).eval(), load_tokenizer(ckpt["tokenizer"])
+
+
+def _device_rng_state(device: torch.device) -> torch.Tensor | None:
+    """The random state of a GPU's own generator (dropout runs there); None on the CPU, whose
+    state ``torch.get_rng_state`` already holds."""
+    if device.type == "cuda":
+        return torch.cuda.get_rng_state(device)
+    if device.type == "mps":
+        return torch.mps.get_rng_state()
+    return None
+
+
+def _set_device_rng_state(device: torch.device, state: torch.Tensor | None) -> None:
+    if state is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    elif state is not None and device.type == "mps":
+        torch.mps.set_rng_state(state)
 
 
 # ---------------------------------------------------------------------------------------------
-# The loop
+# The run: its state, and the phases that advance it
 @dataclass
 class TrainResult:
-    """What a run leaves behind: the loss curves, the final estimate and the speed."""
+    """What a run leaves behind: the loss curves, the final estimate and the speed (``nan`` speeds
+    when no optimiser step ran in this call, e.g. a time budget used up by set-up and evaluation)."""
 
     history: dict = field(default_factory=dict)
     step: int = 0
@@ -304,131 +327,191 @@ def _new_history() -> dict:
             "eval_time": [], "tokens_per_s": []}
 
 
-def train(model: nn.Module, train_data: torch.Tensor, val_data: torch.Tensor, cfg: TrainConfig, *,
-          tokenizer=None, out_dir: str | os.PathLike | None = None, resume: dict | None = None,
-          until: int | None = None, progress: bool = True) -> TrainResult:
-    """Train ``model`` (``model(x, y) -> (logits, loss)``, ``model.config`` a ``GPTConfig``) on 1-D
-    token tensors. ``resume`` is a checkpoint dict to continue from; ``until`` pauses after that
-    step (with a checkpoint) while the schedule still plans for the whole run."""
-    clock = time.perf_counter()  # the time budget counts setup too (the first optimizer imports dynamo)
+@dataclass
+class SpeedMeter:
+    """Training tokens per second, timed in windows of ``log_interval`` steps; time spent
+    evaluating inside a window is left out."""
+
+    start: float = field(default_factory=time.perf_counter)
+    tokens: int = 0
+    paused: float = 0.0
+    windows: list[tuple[int, float]] = field(default_factory=list)  # (tokens, seconds) per closed window
+
+    def restart(self) -> None:
+        self.start, self.tokens, self.paused = time.perf_counter(), 0, 0.0
+
+    def close_window(self) -> float | None:
+        """End the current window and return its tokens/s; None when it holds no step."""
+        tokens, seconds = self.tokens, max(time.perf_counter() - self.start - self.paused, 1e-9)
+        self.restart()
+        if tokens == 0:
+            return None
+        self.windows.append((tokens, seconds))
+        return tokens / seconds
+
+    def rate(self) -> float:
+        """Tokens/s over the closed windows, the first (compilation, warm-up) left out when there
+        are others; ``nan`` when no step was timed."""
+        timed = self.windows[1:] or self.windows
+        return sum(t for t, _ in timed) / sum(s for _, s in timed) if timed else float("nan")
+
+
+@dataclass
+class Run:
+    """Everything one call of ``train`` works on. ``set_up`` fills it; the phases advance ``step``,
+    ``history`` and the generators, which with the weights are what a checkpoint stores."""
+
+    cfg: TrainConfig
+    raw: nn.Module  # the model itself: its state_dict is what checkpoints hold
+    optimizer: torch.optim.Optimizer
+    where: Dist
+    dtype: torch.dtype  # autocast precision: bfloat16 or float32
+    splits: dict[str, torch.Tensor]  # "train" and "val" token tensors
+    batches: torch.Generator  # draws the training windows; the same on every rank
+    start: float  # perf_counter() at which the run's elapsed time was 0 (earlier for a resumed run)
+    tokenizer: Tokenizer | None = None
+    out_dir: Path | None = None
+    model: nn.Module | None = None  # what the steps call: ``raw``, compiled and/or wrapped in DDP
+    step: int = 0
+    max_steps: int = 0
+    history: dict = field(default_factory=_new_history)
+    pending: list[torch.Tensor] = field(default_factory=list)  # step losses still on the device
+    meter: SpeedMeter = field(default_factory=SpeedMeter)
+
+    @property
+    def block_size(self) -> int:
+        return self.raw.config.max_len
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.cfg.batch_size * self.block_size * self.cfg.grad_accum * self.where.world_size
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+
+def set_up(model: nn.Module, train_data: torch.Tensor, val_data: torch.Tensor, cfg: TrainConfig, *,
+           tokenizer: Tokenizer | None = None, out_dir: str | os.PathLike | None = None,
+           resume: dict | None = None, clock: float | None = None) -> Run:
+    """Phase 1: device, precision, optimiser and generators, then the state of ``resume`` if given.
+    ``clock`` is when the run started (a time budget counts set-up too)."""
+    if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
+        raise TypeError(f"cannot store a {type(tokenizer).__name__} in a checkpoint; use CharTokenizer or "
+                        "BPETokenizer (or a class with kind, vocab_size, encode, decode and to_dict)")
     where = setup_distributed()
-    dtype = autocast_dtype(cfg, where.device)
     if where.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    mcfg = model.config
     raw = model.to(where.device)
-    optimizer = make_optimizer(raw, cfg, where.device)
-    batches = torch.Generator().manual_seed(cfg.seed)  # same on every rank: see get_batch
+    run = Run(cfg, raw, make_optimizer(raw, cfg, where.device), where, autocast_dtype(cfg, where.device),
+              {"train": train_data, "val": val_data}, torch.Generator().manual_seed(cfg.seed),
+              start=time.perf_counter() if clock is None else clock, tokenizer=tokenizer,
+              out_dir=Path(out_dir) if out_dir is not None else None, max_steps=cfg.max_iters)
     torch.manual_seed(cfg.seed + where.rank)  # dropout differs per rank
-    step, elapsed, history = 0, 0.0, _new_history()
     if resume is not None:
-        raw.load_state_dict(resume["model"])
-        optimizer.load_state_dict(resume["optimizer"])
-        step, elapsed, history = resume["step"], resume["elapsed"], resume["history"]
-        batches.set_state(resume["rng"]["batches"])
-        torch.set_rng_state(resume["rng"]["torch"])
-        if where.device.type == "cuda" and resume["rng"]["cuda"] is not None:
-            torch.cuda.set_rng_state(resume["rng"]["cuda"])
+        _restore(run, resume)
+    run.model = _wrap(raw, cfg, where)
+    return run
+
+
+def _restore(run: Run, ckpt: dict) -> None:
+    """Put a checkpoint's weights, optimiser moments, step, history and random states into ``run``."""
+    run.raw.load_state_dict(ckpt["model"])
+    run.optimizer.load_state_dict(ckpt["optimizer"])
+    run.step, run.history = ckpt["step"], ckpt["history"]
+    run.start -= ckpt["elapsed"]
+    run.batches.set_state(ckpt["rng"]["batches"])
+    torch.set_rng_state(ckpt["rng"]["torch"])
+    _set_device_rng_state(run.where.device, ckpt["rng"].get("device"))
+
+
+def _wrap(raw: nn.Module, cfg: TrainConfig, where: Dist) -> nn.Module:
+    """The module the steps call: DDP-wrapped with several processes, and ``torch.compile``d by
+    default on CUDA only (its MPS back-end is experimental, and on a CPU we expect the compile time
+    to outweigh what the lessons' few-minute runs would gain)."""
+    model = raw
     if cfg.compile if cfg.compile is not None else where.device.type == "cuda":
         model = torch.compile(raw)
     if where.world_size > 1:
         model = nn.parallel.DistributedDataParallel(model, device_ids=[where.device.index]
                                                     if where.device.type == "cuda" else None)
-    splits = {"train": train_data, "val": val_data}
-    T, B = mcfg.max_len, cfg.batch_size
-    tokens_per_step = B * T * cfg.grad_accum * where.world_size
-    flops = gpt.flops_per_token(mcfg, T, training=True)  # 6N + 12·L·T·D per token
-    peak = peak_tflops(torch.cuda.get_device_name(where.device), dtype) if where.device.type == "cuda" else None
+    return model
 
-    def evaluate() -> float:
-        t0 = time.perf_counter()
-        losses = estimate_loss(model, splits, B, T, cfg.eval_iters, cfg.seed + 1, dtype, where)
-        history["eval_step"].append(step)
-        history["train_loss"].append(losses["train"])
-        history["val_loss"].append(losses["val"])
-        history["eval_time"].append(time.perf_counter() - t0)
-        return history["eval_time"][-1]
 
-    def flush() -> None:  # copy the pending losses to the history (.tolist() waits for the GPU)
-        if pending:
-            losses = torch.stack(pending)
-            if where.world_size > 1:
-                dist.all_reduce(losses)
-                losses /= where.world_size
-            history["loss"].extend(losses.tolist())
-            pending.clear()
+def train_step(run: Run) -> None:
+    """Phase 2: one optimiser step at the scheduled learning rate, over ``grad_accum`` micro-batches
+    (DDP all-reduces the gradients once, on the last one), with clipping by the global norm."""
+    cfg, where = run.cfg, run.where
+    lr = lr_at(run.step, run.max_steps, cfg.lr, cfg.min_lr, cfg.warmup_iters)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    loss_sum = torch.zeros((), device=where.device)
+    for micro in range(cfg.grad_accum):
+        x, y = get_batch(run.splits["train"], cfg.batch_size, run.block_size, run.batches, where.rank,
+                         where.world_size)
+        x, y = x.to(where.device, non_blocking=True), y.to(where.device, non_blocking=True)
+        sync = micro == cfg.grad_accum - 1 or where.world_size == 1
+        with (contextlib.nullcontext() if sync else run.model.no_sync()), autocast(where.device, run.dtype):
+            _, loss = run.model(x, y)
+        (loss / cfg.grad_accum).backward()
+        loss_sum += loss.detach().float() / cfg.grad_accum
+    nn.utils.clip_grad_norm_(run.raw.parameters(), cfg.grad_clip)
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.pending.append(loss_sum)  # no .item() here: that would wait for the GPU at every step
+    run.history["step"].append(run.step)
+    run.history["lr"].append(lr)
+    run.step += 1
+    run.meter.tokens += run.tokens_per_step
 
-    def checkpoint() -> None:
-        if out_dir is not None and where.is_main:
-            save_checkpoint(Path(out_dir) / CHECKPOINT, {
-                "model": raw.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                "elapsed": elapsed, "history": history, "model_config": asdict(mcfg),
-                "train_config": asdict(cfg), "tokenizer": tokenizer_state(tokenizer),
-                "rng": {"batches": batches.get_state(), "torch": torch.get_rng_state(),
-                        "cuda": torch.cuda.get_rng_state(where.device) if where.device.type == "cuda" else None}})
 
-    max_steps = cfg.max_iters
-    bar = tqdm(total=max_steps, initial=step, disable=not (progress and where.is_main), unit="step")
-    pending: list[torch.Tensor] = []  # losses still on the device (no sync per step)
-    start = clock - elapsed
-    window_start, window_tokens, window_eval = time.perf_counter(), 0, 0.0
-    model.train()
-    while True:
-        if step % cfg.eval_interval == 0 and step not in history["eval_step"][-1:]:
-            flush()
-            window_eval += evaluate()
-            elapsed = time.perf_counter() - start
-            if step > 0:
-                checkpoint()
-        if cfg.time_budget is not None:  # re-plan the schedule from the measured speed
-            max_steps = _plan_steps(step, time.perf_counter() - start, cfg, history, where)
-            bar.total = max_steps
-        if step >= max_steps or (until is not None and step >= until):
-            break
-        lr = lr_at(step, max_steps, cfg.lr, cfg.min_lr, cfg.warmup_iters)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss_sum = torch.zeros((), device=where.device)
-        for micro in range(cfg.grad_accum):
-            x, y = get_batch(train_data, B, T, batches, where.rank, where.world_size)
-            x, y = x.to(where.device, non_blocking=True), y.to(where.device, non_blocking=True)
-            sync = micro == cfg.grad_accum - 1 or where.world_size == 1  # all-reduce once per step
-            with (contextlib.nullcontext() if sync else model.no_sync()), autocast(where.device, dtype):
-                _, loss = model(x, y)
-            (loss / cfg.grad_accum).backward()
-            loss_sum += loss.detach().float() / cfg.grad_accum
-        nn.utils.clip_grad_norm_(raw.parameters(), cfg.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        pending.append(loss_sum)
-        history["step"].append(step)
-        history["lr"].append(lr)
-        step += 1
-        window_tokens += tokens_per_step
-        if step % cfg.log_interval == 0:
-            flush()
-            now = time.perf_counter()
-            history["tokens_per_s"].append(window_tokens / max(now - window_start - window_eval, 1e-9))
-            window_start, window_tokens, window_eval = now, 0, 0.0
-            bar.set_postfix(loss=f"{history['loss'][-1]:.3f}", lr=f"{lr:.1e}",
-                            tok_s=f"{history['tokens_per_s'][-1]:,.0f}")
-            bar.update(step - bar.n)
-        elapsed = time.perf_counter() - start
-    flush()
-    if step >= max_steps and step not in history["eval_step"][-1:]:  # the end, not a pause
-        evaluate()
-    elapsed = time.perf_counter() - start
-    checkpoint()
-    bar.update(step - bar.n)
-    bar.close()
-    # Windows hold equal numbers of tokens, so the overall rate is their harmonic mean; the first
-    # window (compilation, warm-up) is left out when there are others.
-    speeds = history["tokens_per_s"][1:] or history["tokens_per_s"]
-    tok_s = len(speeds) / sum(1 / v for v in speeds) if speeds else float("nan")
-    tflops = tok_s * flops / 1e12
-    return TrainResult(history, step, history["val_loss"][-1], tok_s, tflops,
-                       tflops / peak if peak else None, elapsed)
+def _flush(run: Run) -> None:
+    """Copy the pending step losses into the history (one wait for the device; averaged over ranks)."""
+    if run.pending:
+        losses = torch.stack(run.pending)
+        if run.where.world_size > 1:
+            dist.all_reduce(losses)
+            losses /= run.where.world_size
+        run.history["loss"].extend(losses.tolist())
+        run.pending.clear()
+
+
+def evaluate(run: Run) -> None:
+    """Phase 3a: mean losses on fixed train and validation batches, into the history; the time it
+    takes is left out of the speed."""
+    _flush(run)
+    t0 = time.perf_counter()
+    losses = estimate_loss(run.model, run.splits, run.cfg.batch_size, run.block_size, run.cfg.eval_iters,
+                           run.cfg.seed + 1, run.dtype, run.where)
+    seconds = time.perf_counter() - t0
+    for key, value in (("eval_step", run.step), ("train_loss", losses["train"]), ("val_loss", losses["val"]),
+                       ("eval_time", seconds)):
+        run.history[key].append(value)
+    run.meter.paused += seconds
+
+
+def log(run: Run, bar: tqdm) -> None:
+    """Phase 3b: the step losses into the history, the speed of the window since the last log."""
+    _flush(run)
+    rate = run.meter.close_window()
+    if rate is None:
+        return
+    run.history["tokens_per_s"].append(rate)
+    bar.set_postfix(loss=f"{run.history['loss'][-1]:.3f}", lr=f"{run.history['lr'][-1]:.1e}", tok_s=f"{rate:,.0f}")
+    bar.update(run.step - bar.n)
+
+
+def save(run: Run) -> None:
+    """Phase 4: an atomic checkpoint of everything needed to continue exactly (rank 0 writes it)."""
+    if run.out_dir is None or not run.where.is_main:
+        return
+    save_checkpoint(run.out_dir / CHECKPOINT, {
+        "model": run.raw.state_dict(), "optimizer": run.optimizer.state_dict(), "step": run.step,
+        "elapsed": run.elapsed, "history": run.history, "model_config": asdict(run.raw.config),
+        "train_config": asdict(run.cfg), "tokenizer": run.tokenizer.to_dict() if run.tokenizer is not None else None,
+        "rng": {"batches": run.batches.get_state(), "torch": torch.get_rng_state(),
+                "device": _device_rng_state(run.where.device)}})
 
 
 def _plan_steps(step: int, spent: float, cfg: TrainConfig, history: dict, where: Dist) -> int:
@@ -447,134 +530,44 @@ def _plan_steps(step: int, spent: float, cfg: TrainConfig, history: dict, where:
     return total
 
 
-# ---------------------------------------------------------------------------------------------
-# Command line: course train, course sample
-def load_corpus(spec: str) -> str:
-    """``"shakespeare"`` (the course corpus) or the path of a UTF-8 text file."""
-    from course_utils import data
-
-    return data.shakespeare() if spec == "shakespeare" else data.load_text(spec)
-
-
-def build_tokenizer(kind: str, text: str, bpe_vocab: int = 512):
-    """A character tokenizer of ``text``, or a byte-level BPE trained on it."""
-    if kind == "char":
-        from course_utils.tokenize import CharTokenizer
-
-        return CharTokenizer(text)
-    if kind == "bpe":
-        return BPETokenizer.train(text, bpe_vocab)
-    raise ValueError(f"unknown tokenizer {kind!r}; use char or bpe")
+def finish(run: Run, bar: tqdm) -> TrainResult:
+    """The end of a call: the last losses and speed, a final evaluation when the schedule is done
+    (not at a pause), a checkpoint, and the result with throughput and model FLOPs utilisation."""
+    log(run, bar)
+    if run.step >= run.max_steps and run.step not in run.history["eval_step"][-1:]:
+        evaluate(run)
+    save(run)
+    bar.update(run.step - bar.n)
+    bar.close()
+    tok_s = run.meter.rate()
+    tflops = tok_s * gpt.flops_per_token(run.raw.config, run.block_size, training=True) / 1e12  # 6N + 12·L·T·D
+    peak = peak_tflops(torch.cuda.get_device_name(run.where.device), run.dtype) if run.where.device.type == "cuda" \
+        else None
+    return TrainResult(run.history, run.step, run.history["val_loss"][-1], tok_s, tflops,
+                       tflops / peak if peak else None, run.elapsed)
 
 
-def run_train(args: argparse.Namespace) -> int:
-    """``course train``: build or resume everything from the arguments, train, report."""
-    from course_utils.data import train_val_split
-
-    where = setup_distributed()
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    out = Path(args.out or Path("runs") / args.config)
-    text = load_corpus(args.data)
-    overrides = {k: v for k, v in (("max_iters", args.max_iters), ("batch_size", args.batch_size),
-                                    ("grad_accum", args.grad_accum), ("lr", args.lr), ("seed", args.seed),
-                                    ("compile", args.compile)) if v is not None}
-    if args.time_budget is not None:
-        overrides["time_budget"] = parse_duration(args.time_budget)
-    resume = load_checkpoint(out / CHECKPOINT) if args.resume else None
-    if resume is not None:
-        tokenizer = tokenizer_from_state(resume["tokenizer"])
-        mcfg = gpt.GPTConfig(**resume["model_config"])
-        cfg = TrainConfig(**{**resume["train_config"], **overrides})
-    else:
-        train_text, _ = train_val_split(text)
-        tokenizer = build_tokenizer(args.tokenizer, train_text if args.tokenizer == "bpe" else text,
-                                    args.bpe_vocab)
-        mcfg = model_config(args.config, tokenizer.vocab_size)
-        cfg = TrainConfig(**{**asdict(TrainConfig.preset(args.config)), **overrides})
-    tokens = torch.tensor(tokenizer.encode(text), dtype=torch.long)
-    train_data, val_data = train_val_split(tokens)
-    torch.manual_seed(cfg.seed)
-    model = gpt.GPT(mcfg)
-    if where.is_main:
-        print(f"{args.config}: {sum(p.numel() for p in model.parameters()):,} parameters, "
-              f"{tokenizer!r}, {len(train_data):,} train / {len(val_data):,} val tokens, "
-              f"{where.world_size} process(es) on {where.device}")
-    result = train(model, train_data, val_data, cfg, tokenizer=tokenizer, out_dir=out, resume=resume,
-                   progress=not args.quiet)
-    if where.is_main:
-        mfu = f"{100 * result.mfu:.1f}%" if result.mfu is not None else "n/a (unknown peak)"
-        print(f"step {result.step}: val loss {result.val_loss:.4f} (train {result.history['train_loss'][-1]:.4f}) "
-              f"in {result.elapsed:.1f} s; {result.tokens_per_s:,.0f} tokens/s, "
-              f"{result.tflops:.3g} TFLOP/s, MFU {mfu}; checkpoint {out / CHECKPOINT}")
-    if dist.is_initialized():
-        dist.barrier()  # every rank done (rank 0 was writing the checkpoint) before tearing down
-        dist.destroy_process_group()
-    return 0
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Register ``course train``."""
-    p = sub.add_parser("train", help="train a GPT on a text (one GPU, a CPU, or many GPUs under torchrun)")
-    p.add_argument("--data", default="shakespeare", help="'shakespeare' (the course corpus) or PATH.txt")
-    p.add_argument("--config", default="cpu", choices=list(TRAIN_PRESETS),
-                   help="model + training preset (default cpu)")
-    p.add_argument("--tokenizer", default="char", choices=["char", "bpe"])
-    p.add_argument("--bpe-vocab", type=int, default=512, help="vocabulary size of the BPE (default 512)")
-    budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--max-iters", type=int, help="number of optimiser steps")
-    budget.add_argument("--time-budget", help="wall-clock budget, e.g. 110s or 5m; the schedule fits it")
-    p.add_argument("--batch-size", type=int, help="sequences per micro-batch and process")
-    p.add_argument("--grad-accum", type=int, help="micro-batches per optimiser step and process")
-    p.add_argument("--lr", type=float, help="peak learning rate")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="torch.compile the model (default: on CUDA only)")
-    p.add_argument("--threads", type=int, help="CPU threads for PyTorch (default: its own choice); "
-                   "1 is fastest for small models on a busy, shared machine")
-    p.add_argument("--out", help="folder for ckpt.pt (default runs/CONFIG)")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=run_train)
-
-
-def load_model(path: str | os.PathLike, device: str | torch.device = "cpu"):
-    """(model in eval mode, tokenizer) from a checkpoint written by ``train``."""
-    ckpt = load_checkpoint(path, map_location=device)
-    model = gpt.GPT(gpt.GPTConfig(**ckpt["model_config"]))
-    model.load_state_dict(ckpt["model"])
-    if ckpt["tokenizer"] is None:
-        raise ValueError(f"{path} holds no tokenizer; it was trained without one, so text cannot be decoded")
-    return model.to(device).eval(), tokenizer_from_state(ckpt["tokenizer"])
-
-
-def run_sample(args: argparse.Namespace) -> int:
-    """``course sample``: continue a prompt with a trained checkpoint."""
-    from course_utils.generate import generate
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, tokenizer = load_model(args.ckpt, device)
-    prompt = tokenizer.encode(args.prompt)
-    if not prompt:
-        raise SystemExit("the prompt is empty; give at least one character, e.g. --prompt '\\n'")
-    idx = torch.tensor([prompt] * args.num_samples, device=device)
-    out = generate(model, idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                   top_p=args.top_p, seed=args.seed)
-    for row in out.tolist():
-        print(tokenizer.decode(row))
-        print("-" * 40)
-    return 0
-
-
-def add_sample_parser(sub: argparse._SubParsersAction) -> None:
-    """Register ``course sample``."""
-    p = sub.add_parser("sample", help="generate text from a checkpoint written by course train")
-    p.add_argument("--ckpt", required=True, help="path of ckpt.pt")
-    p.add_argument("--prompt", default="\n")
-    p.add_argument("--max-new-tokens", type=int, default=500)
-    p.add_argument("--num-samples", type=int, default=1)
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-k", type=int)
-    p.add_argument("--top-p", type=float)
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=run_sample)
+def train(model: nn.Module, train_data: torch.Tensor, val_data: torch.Tensor, cfg: TrainConfig, *,
+          tokenizer: Tokenizer | None = None, out_dir: str | os.PathLike | None = None, resume: dict | None = None,
+          until: int | None = None, progress: bool = True) -> TrainResult:
+    """Train ``model`` (``model(x, y) -> (logits, loss)``, ``model.config`` a ``GPTConfig``) on 1-D
+    token tensors. ``resume`` is a checkpoint dict to continue from; ``until`` pauses after that
+    step (with a checkpoint) while the schedule still plans for the whole run."""
+    clock = time.perf_counter()  # the time budget counts set-up too (the first optimiser imports dynamo)
+    run = set_up(model, train_data, val_data, cfg, tokenizer=tokenizer, out_dir=out_dir, resume=resume, clock=clock)
+    bar = tqdm(total=run.max_steps, initial=run.step, disable=not (progress and run.where.is_main), unit="step")
+    run.model.train()
+    run.meter.restart()
+    while True:
+        if run.step % cfg.eval_interval == 0 and run.step not in run.history["eval_step"][-1:]:
+            evaluate(run)
+            if run.step > 0:
+                save(run)
+        if cfg.time_budget is not None:  # re-plan the schedule from the measured speed
+            run.max_steps = bar.total = _plan_steps(run.step, run.elapsed, cfg, run.history, run.where)
+        if run.step >= run.max_steps or (until is not None and run.step >= until):
+            break
+        train_step(run)
+        if run.step % cfg.log_interval == 0:
+            log(run, bar)
+    return finish(run, bar)

@@ -2,6 +2,7 @@
 
 import nbformat
 import pytest
+import torch
 from nbformat.v4 import new_code_cell, new_notebook
 
 from course_tools.cli import COMMANDS, main
@@ -42,3 +43,97 @@ def test_run_reports_a_failing_notebook(tmp_path, capsys):
     nbformat.write(new_notebook(cells=[new_code_cell("1 / 0")]), path)
     assert main(["run", "--mode", "cpu", str(path)]) == 1
     assert "error: ZeroDivisionError" in capsys.readouterr().out
+
+
+# --- course train / course sample: a user's mistake is one line naming the fix ------------------------
+from course_tools.commands import train as train_command  # noqa: E402
+from course_utils import train  # noqa: E402
+
+TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n" * 30
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A real ckpt.pt from a two-step run."""
+    folder = tmp_path_factory.mktemp("run")
+    (folder / "text.txt").write_text(TEXT, encoding="utf-8")
+    assert main(["train", "--data", str(folder / "text.txt"), "--config", "smoke", "--max-iters", "2",
+                 "--out", str(folder), "--quiet"]) == 0
+    return folder / train.CHECKPOINT
+
+
+def one_line_error(capsys, argv: list[str]) -> str:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
+    assert lines[0].startswith(f"course {argv[0]}: error: ")
+    return lines[0]
+
+
+def test_train_missing_empty_and_short_texts(tmp_path, capsys):
+    assert "no text file at" in one_line_error(capsys, ["train", "--data", str(tmp_path / "nope.txt")])
+    (tmp_path / "empty.txt").write_text("  \n", encoding="utf-8")
+    assert "holds no text" in one_line_error(capsys, ["train", "--data", str(tmp_path / "empty.txt")])
+    (tmp_path / "short.txt").write_text("To be, or not to be.\n" * 3, encoding="utf-8")
+    line = one_line_error(capsys, ["train", "--data", str(tmp_path / "short.txt"), "--config", "smoke"])
+    assert "too few for windows" in line and "use a text of at least" in line
+    (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00garbage")
+    assert "not UTF-8 text" in one_line_error(capsys, ["train", "--data", str(tmp_path / "binary.txt")])
+
+
+def test_train_bad_duration_is_one_line(tmp_path, capsys):
+    (tmp_path / "text.txt").write_text(TEXT, encoding="utf-8")
+    for bad in ("5 minutes", "0", "-3s"):
+        line = one_line_error(capsys, ["train", "--data", str(tmp_path / "text.txt"), f"--time-budget={bad}"])
+        assert "90s, 5m or 1.5h" in line
+
+
+def test_parse_duration():
+    parse = train_command.parse_duration
+    assert parse("110s") == 110 and parse("5m") == 300 and parse("1.5h") == 5400 and parse("90") == 90
+    assert parse(2) == 2
+
+
+def test_train_resume_without_a_checkpoint(tmp_path, capsys):
+    (tmp_path / "text.txt").write_text(TEXT, encoding="utf-8")
+    line = one_line_error(capsys, ["train", "--data", str(tmp_path / "text.txt"), "--resume", "--out", str(tmp_path)])
+    assert "no checkpoint at" in line and "train first" in line
+
+
+@pytest.mark.parametrize("content", [b"", b"PK\x03\x04 half a zip", b"\x80\x02}q\x00.", b"plain text\n"])
+def test_sample_rejects_files_that_are_not_checkpoints(tmp_path, capsys, content):
+    path = tmp_path / "ckpt.pt"
+    path.write_bytes(content)
+    line = one_line_error(capsys, ["sample", "--ckpt", str(path)])
+    assert "is not a readable checkpoint" in line
+    assert not any(word in line for word in ("PytorchStreamReader", "zip archive", "Unpickl", "opcode"))
+
+
+def test_sample_rejects_a_torch_file_that_is_not_a_checkpoint(tmp_path, capsys):
+    torch.save({"weight": torch.ones(2)}, tmp_path / "state.pt")
+    line = one_line_error(capsys, ["sample", "--ckpt", str(tmp_path / "state.pt")])
+    assert "is not a checkpoint of course train" in line and "model_config" in line
+    assert "no checkpoint at" in one_line_error(capsys, ["sample", "--ckpt", str(tmp_path / "missing.pt")])
+
+
+def test_sample_unreadable_checkpoint(tmp_path, capsys, monkeypatch, checkpoint):
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(torch, "load", denied)  # chmod 000 does not stop root, who may run the tests
+    assert "cannot read" in one_line_error(capsys, ["sample", "--ckpt", str(checkpoint)])
+
+
+def test_sample_prompt_with_an_unknown_character(capsys, checkpoint):
+    line = one_line_error(capsys, ["sample", "--ckpt", str(checkpoint), "--prompt", "§"])
+    assert "was not in the text this tokenizer was built from" in line
+
+
+def test_a_time_budget_too_short_for_one_step_reports_no_speed(tmp_path, capsys):
+    (tmp_path / "text.txt").write_text(TEXT, encoding="utf-8")
+    assert main(["train", "--data", str(tmp_path / "text.txt"), "--config", "smoke", "--time-budget", "0.001",
+                 "--out", str(tmp_path), "--quiet"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "nan" not in last and "no training step ran" in last and "--time-budget" in last
+    assert last.startswith("step 0: val loss ")

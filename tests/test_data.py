@@ -1,7 +1,9 @@
 """The course corpus: pinned bytes, clear failures offline, local files, the split."""
 
 import hashlib
+import os
 import shutil
+import stat
 
 import pytest
 
@@ -65,3 +67,23 @@ def test_train_val_split_is_by_position():
     assert train == list(range(9)) and val == [9]
     with pytest.raises(ValueError, match="val_fraction"):
         data.train_val_split("abc", 1.5)
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_cached_corpus_gets_the_mode_of_any_new_file(tmp_path, monkeypatch, umask, mode):
+    monkeypatch.setenv("COURSE_DATA", str(tmp_path))
+    monkeypatch.setattr(data, "fetch_tarball", lambda folder, download=True: folder / data.TARBALL)
+    monkeypatch.setattr(data, "build_corpus", lambda tarball: "the corpus\n")
+    old = os.umask(umask)
+    try:
+        assert data.shakespeare() == "the corpus\n"
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / data.CORPUS_FILE).stat().st_mode) == mode
+    assert [p.name for p in tmp_path.iterdir()] == [data.CORPUS_FILE]  # no temporary file left behind
+
+
+def test_load_text_names_a_file_that_is_not_utf8(tmp_path):
+    (tmp_path / "latin1.txt").write_bytes("café".encode("latin-1"))
+    with pytest.raises(ValueError, match="not UTF-8 text"):
+        data.load_text(tmp_path / "latin1.txt")

@@ -1,4 +1,3 @@
-import argparse
 import math
 import os
 import subprocess
@@ -10,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from course_tools.cli import main as course
 from course_utils import train as T
-from course_utils.bpe import BPETokenizer
 from course_utils.gpt import GPT, GPTConfig
 from course_utils.tokenize import CharTokenizer
 
@@ -76,14 +75,6 @@ def test_weight_decay_only_on_matrices():
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
-
-
-def test_parse_duration():
-    assert T.parse_duration("110s") == 110 and T.parse_duration("5m") == 300
-    assert T.parse_duration("1.5h") == 5400 and T.parse_duration("90") == 90 and T.parse_duration(2) == 2
-    for bad in ("5 minutes", "-3s", "0"):
-        with pytest.raises(ValueError, match="positive|90s"):
-            T.parse_duration(bad)
 
 
 def test_peak_table():
@@ -167,33 +158,9 @@ def test_time_budget_ends_on_time(data):
     assert result.history["lr"][-1] < 0.2 * result.history["lr"][2]  # the cosine ran its course
 
 
-def test_tokenizer_states_round_trip():
-    char = CharTokenizer(TEXT)
-    assert T.tokenizer_from_state(T.tokenizer_state(char)).encode(TEXT) == char.encode(TEXT)
-    bpe = BPETokenizer.train(TEXT, 300)
-    assert T.tokenizer_from_state(T.tokenizer_state(bpe)).encode(TEXT) == bpe.encode(TEXT)
-    with pytest.raises(TypeError, match="CharTokenizer or BPETokenizer"):
-        T.tokenizer_state(object())
-    with pytest.raises(FileNotFoundError, match="train first"):
-        T.load_checkpoint("/nonexistent/ckpt.pt")
-
-
-def cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="course")
-    sub = parser.add_subparsers(dest="command", required=True)
-    T.add_parser(sub)
-    T.add_sample_parser(sub)
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-HARNESS = """import argparse, sys
-from course_utils import train
-parser = argparse.ArgumentParser(prog="course")
-sub = parser.add_subparsers(dest="command", required=True)
-train.add_parser(sub)
-args = parser.parse_args(sys.argv[1:])
-sys.exit(args.func(args))
+HARNESS = """import sys
+from course_tools.cli import main
+sys.exit(main(sys.argv[1:]))
 """
 
 
@@ -208,25 +175,25 @@ def test_cli_train_resume_and_sample(corpus, tmp_path, capsys):
     out = tmp_path / "run"
     common = ["train", "--data", str(corpus), "--config", "smoke", "--out", str(out), "--quiet"]
     threads = torch.get_num_threads()
-    assert cli(common + ["--max-iters", "6", "--threads", "1"]) == 0
+    assert course(common + ["--max-iters", "6", "--threads", "1"]) == 0
     assert torch.get_num_threads() == 1
     torch.set_num_threads(threads)
     assert T.load_checkpoint(out / T.CHECKPOINT)["step"] == 6
-    assert cli(common + ["--resume", "--max-iters", "8", "--grad-accum", "2"]) == 0
+    assert course(common + ["--resume", "--max-iters", "8", "--grad-accum", "2"]) == 0
     ckpt = T.load_checkpoint(out / T.CHECKPOINT)
     assert ckpt["step"] == 8 and ckpt["train_config"]["grad_accum"] == 2
     capsys.readouterr()
-    assert cli(["sample", "--ckpt", str(out / T.CHECKPOINT), "--prompt", "ROMEO:", "--max-new-tokens", "20"]) == 0
+    assert course(["sample", "--ckpt", str(out / T.CHECKPOINT), "--prompt", "ROMEO:", "--max-new-tokens", "20"]) == 0
     text = capsys.readouterr().out
     assert text.startswith("ROMEO:") and len(text.splitlines()[0]) >= len("ROMEO:")
-    assert cli(common[:-3] + ["--out", str(tmp_path / "bpe"), "--tokenizer", "bpe", "--bpe-vocab", "300",
+    assert course(common[:-3] + ["--out", str(tmp_path / "bpe"), "--tokenizer", "bpe", "--bpe-vocab", "300",
                               "--max-iters", "2", "--quiet"]) == 0
     assert T.load_checkpoint(tmp_path / "bpe" / T.CHECKPOINT)["tokenizer"]["kind"] == "bpe"
 
 
 def test_cli_rejects_both_budgets(corpus):
     with pytest.raises(SystemExit):
-        cli(["train", "--data", str(corpus), "--max-iters", "5", "--time-budget", "1m"])
+        course(["train", "--data", str(corpus), "--max-iters", "5", "--time-budget", "1m"])
 
 
 def test_two_process_ddp_equals_one_process_with_the_whole_batch(corpus, tmp_path):
@@ -241,7 +208,7 @@ def test_two_process_ddp_equals_one_process_with_the_whole_batch(corpus, tmp_pat
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2 process(es)" in proc.stdout
-    assert cli(args + ["--batch-size", "8", "--out", str(tmp_path / "one")]) == 0
+    assert course(args + ["--batch-size", "8", "--out", str(tmp_path / "one")]) == 0
     ddp = T.load_checkpoint(tmp_path / "ddp" / T.CHECKPOINT)
     one = T.load_checkpoint(tmp_path / "one" / T.CHECKPOINT)
     torch.testing.assert_close(torch.tensor(ddp["history"]["loss"]), torch.tensor(one["history"]["loss"]),
@@ -311,7 +278,8 @@ def test_exercise_hints():
 
 def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / T.CHECKPOINT
-    T.save_checkpoint(path, {"step": 1, "w": torch.ones(3)})
+    full = dict.fromkeys(T.CHECKPOINT_KEYS)  # load_checkpoint wants every key of a real checkpoint
+    T.save_checkpoint(path, {**full, "step": 1, "w": torch.ones(3)})
 
     def crash(obj, f, *args, **kwargs):
         Path(f).write_bytes(b"half a file")
@@ -319,5 +287,33 @@ def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch, "save", crash)
     with pytest.raises(OSError, match="disk full"):
-        T.save_checkpoint(path, {"step": 2, "w": torch.zeros(3)})
+        T.save_checkpoint(path, {**full, "step": 2, "w": torch.zeros(3)})
     assert T.load_checkpoint(path)["step"] == 1
+
+
+def test_a_budget_too_short_for_one_step_gives_no_speed(data):
+    tok, train_data, val_data = data
+    result = T.train(tiny(tok.vocab_size), train_data, val_data, cfg(time_budget=1e-3), progress=False)
+    assert result.step == 0 and result.history["step"] == [] and result.history["eval_step"] == [0]
+    assert math.isnan(result.tokens_per_s) and math.isnan(result.tflops)  # nothing was timed, nothing invented
+
+
+def test_fewer_steps_than_one_log_interval_still_measure_the_speed(data):
+    tok, train_data, val_data = data
+    result = T.train(tiny(tok.vocab_size), train_data, val_data, cfg(max_iters=2, log_interval=10), progress=False)
+    assert result.step == 2 and len(result.history["loss"]) == 2
+    assert math.isfinite(result.tokens_per_s) and result.tokens_per_s > 0
+    assert result.history["tokens_per_s"] == [pytest.approx(result.tokens_per_s)]
+
+
+def test_checkpoint_stores_the_tokenizer_through_its_interface(data, tmp_path):
+    tok, train_data, val_data = data
+    T.train(tiny(tok.vocab_size), train_data, val_data, cfg(max_iters=1), tokenizer=tok, out_dir=tmp_path,
+            progress=False)
+    model, again = T.load_model(tmp_path / T.CHECKPOINT, "cpu")
+    assert type(again) is CharTokenizer and again.encode(TEXT) == tok.encode(TEXT)
+    assert not model.training
+    with pytest.raises(TypeError, match="CharTokenizer or BPETokenizer"):
+        T.train(tiny(tok.vocab_size), train_data, val_data, cfg(max_iters=1), tokenizer=object(), progress=False)
+    with pytest.raises(FileNotFoundError, match="train first"):
+        T.load_checkpoint("/nonexistent/ckpt.pt")

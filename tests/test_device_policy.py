@@ -1,0 +1,80 @@
+"""One device policy: ``runtime.device()`` decides (CUDA, then MPS, then the CPU) and every caller
+follows it: the lessons, the trainer and ``course sample``. CUDA and MPS are mocked."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from course_tools.cli import main as course
+from course_utils import runtime, train
+from course_utils.gpt import GPT, GPTConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class StaysOnCPU(GPT):
+    """A GPT whose ``.to(device)`` records the device and stays put (no real GPU here)."""
+
+    def to(self, device, *args, **kwargs):
+        self.moved_to = torch.device(device)
+        return self
+
+
+@pytest.fixture(params=["cuda", "mps", "cpu"])
+def hardware(request, monkeypatch) -> torch.device:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: request.param == "cuda")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: request.param == "mps")
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # set_up turns it on for CUDA
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    monkeypatch.delenv("RANK", raising=False)
+    return torch.device(request.param)
+
+
+def test_runtime_prefers_cuda_then_mps_then_cpu(hardware):
+    assert runtime.device() == hardware
+
+
+def test_the_trainer_runs_where_runtime_says(hardware):
+    assert train.setup_distributed().device == hardware
+    torch.manual_seed(0)
+    model = StaysOnCPU(GPTConfig(10, max_len=8, n_layers=1, n_heads=1, d_model=8))
+    run = train.set_up(model, torch.arange(50) % 10, torch.arange(50) % 10, train.TrainConfig())
+    assert run.where.device == model.moved_to == hardware
+    on_cuda = hardware.type == "cuda"
+    # bf16, fused AdamW and torch.compile on CUDA only; MPS and the CPU: float32, plain AdamW, eager
+    assert run.dtype == (torch.bfloat16 if on_cuda else torch.float32)
+    assert bool(run.optimizer.defaults["fused"]) == on_cuda
+    assert (run.model is not run.raw) == on_cuda
+    assert torch.backends.cuda.matmul.allow_tf32 == on_cuda
+
+
+def test_course_sample_loads_on_the_runtime_device(hardware, monkeypatch, capsys):
+    seen = []
+
+    def load_model(path, device=None):
+        seen.append(torch.device(device))
+        raise FileNotFoundError("stop here")
+
+    monkeypatch.setattr(train, "load_model", load_model)
+    assert course(["sample", "--ckpt", "ckpt.pt"]) == 2
+    assert seen == [hardware]
+
+
+def test_no_lesson_or_module_has_a_device_policy_of_its_own():
+    """Only runtime.py asks the hardware; train.py only for the per-process GPU under torchrun."""
+    offenders = []
+    for path in sorted((ROOT / "course_utils").glob("*.py")) + sorted((ROOT / "course_tools").rglob("*.py")):
+        if path.name not in ("runtime.py", "train.py") and "cuda.is_available()" in path.read_text():
+            offenders.append(str(path.relative_to(ROOT)))
+    for folder in ("notebooks", "solutions"):
+        for path in sorted((ROOT / folder).glob("*.ipynb")):
+            cells = json.loads(path.read_text())["cells"]
+            code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+            if "cuda.is_available()" in code:
+                offenders.append(str(path.relative_to(ROOT)))
+    assert offenders == [], "use runtime.device() instead"
+    source = (ROOT / "course_utils" / "train.py").read_text()
+    assert source.count("cuda.is_available()") == 1  # the torchrun branch of setup_distributed
