@@ -1,0 +1,142 @@
+"""Open the built site in headless Chromium and check what a reader sees.
+
+``python docs/browser_check.py [--site docs/_build/html] [--screenshots DIR]``. Needs Playwright (PyPI)
+and a Chromium binary (Debian's ``chromium`` package, or ``--chromium PATH``). Every request that
+leaves localhost is blocked and counted as a failure: the pages must work offline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import shutil
+import sys
+import threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import urlsplit
+
+DOCS = Path(__file__).resolve().parent
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
+                 "--disable-background-networking", "--disable-component-update"]
+
+
+class Quiet(SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+def serve(site: Path) -> tuple[ThreadingHTTPServer, str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(site)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/"
+
+
+def check_math_and_figures(page, base: str) -> list[str]:
+    """Lesson 05: MathJax typeset the formulas (no raw $$ left) and every figure loaded."""
+    page.goto(base + "notebooks/05_positional_encoding.html")
+    page.wait_for_function("window.MathJax && MathJax.startup && MathJax.startup.promise")
+    page.evaluate("MathJax.startup.promise")
+    n_math = page.locator("mjx-container").count()
+    raw = page.evaluate("document.querySelector('main').innerText.includes('$$')")
+    page.wait_for_load_state("load")
+    images = page.evaluate("[...document.querySelectorAll('main img')].map(i => [i.src, i.naturalWidth])")
+    empty = [src for src, width in images if width == 0]
+    problems = []
+    if n_math < 5 or raw:
+        problems.append(f"lesson 05: {n_math} typeset formulas, raw $$ left: {raw}")
+    if not images or empty:
+        problems.append(f"lesson 05: {len(images)} figures, {len(empty)} not loaded (first: {empty[:1]})")
+    print(f"lesson 05: {n_math} formulas typeset, no raw $$: {not raw}; {len(images)} figures, all loaded: {not empty}")
+    return problems
+
+
+def check_calculator(page, base: str) -> list[str]:
+    """Lesson 07: the parameter calculator as a live widget, or at least its static table."""
+    page.goto(base + "notebooks/07_gpt_model.html")
+    page.wait_for_load_state("load")
+    try:
+        page.wait_for_selector(".widget-dropdown select", timeout=10_000)
+        live = page.locator(".widget-dropdown select").first.input_value()
+    except Exception:  # noqa: BLE001 - Playwright's TimeoutError: report the static fallback instead
+        live = None
+    static = page.locator("main pre", has_text="124,439,808").count()
+    print(f"lesson 07: live calculator widget {'shows model ' + repr(live) if live else 'absent'}; "
+          f"static table present: {static > 0}")
+    return [] if live or static else ["lesson 07: neither the calculator widget nor its static table is on the page"]
+
+
+def check_search(page, base: str) -> list[str]:
+    """Search for "multi-head" lists lesson 03."""
+    page.goto(base + "search.html?q=multi-head")
+    page.wait_for_selector("#search-results ul.search li", timeout=20_000)
+    hrefs = page.eval_on_selector_all("#search-results ul.search li a", "els => els.map(e => e.href)")
+    hit = any("03_multi_head_attention" in h for h in hrefs)
+    print(f"search 'multi-head': {len(hrefs)} results, lesson 03 among them: {hit}")
+    return [] if hit else [f"search 'multi-head' does not list lesson 03 (got {hrefs[:3]})"]
+
+
+def screenshots(page, base: str, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    page.goto(base + "index.html")
+    page.screenshot(path=str(folder / "home.png"))
+    page.goto(base + "notebooks/05_positional_encoding.html")
+    page.evaluate("MathJax.startup.promise")
+    page.locator("mjx-container[display='true']").first.scroll_into_view_if_needed()
+    page.screenshot(path=str(folder / "lesson05_math.png"))
+    page.goto(base + "notebooks/07_gpt_model.html")
+    page.locator("#the-live-parameter-calculator").first.scroll_into_view_if_needed()
+    page.wait_for_timeout(1000)
+    page.screenshot(path=str(folder / "lesson07_calculator.png"))
+
+
+def run(site: Path, chromium: str, shots: Path | None) -> list[str]:
+    from playwright.sync_api import sync_playwright
+
+    server, base = serve(site)
+    outside: list[str] = []
+
+    def route(r) -> None:
+        if urlsplit(r.request.url).hostname == "127.0.0.1":
+            r.continue_()
+        else:
+            outside.append(r.request.url)
+            r.abort()
+
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.route("**/*", route)
+            problems = check_math_and_figures(page, base) + check_calculator(page, base) + check_search(page, base)
+            if shots:
+                screenshots(page, base, shots)
+            browser.close()
+    finally:
+        server.shutdown()
+    if outside:
+        problems.append(f"{len(outside)} requests left the site (blocked), first: {outside[0]}")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Check the built course website in headless Chromium.")
+    parser.add_argument("--site", type=Path, default=DOCS / "_build" / "html", help="the built site")
+    parser.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium",
+                        help="Chromium binary (Debian: apt-get install chromium)")
+    parser.add_argument("--screenshots", type=Path, help="also save screenshots of three pages here")
+    args = parser.parse_args(argv)
+    if not (args.site / "index.html").exists():
+        print(f"no site in {args.site}: build it first with python docs/build.py", file=sys.stderr)
+        return 1
+    if not Path(args.chromium).exists():
+        print(f"Chromium not found at {args.chromium}: apt-get install chromium, or pass --chromium", file=sys.stderr)
+        return 1
+    problems = run(args.site, args.chromium, args.screenshots)
+    for problem in problems:
+        print(f"FAIL {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

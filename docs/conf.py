@@ -1,0 +1,36 @@
+"""Sphinx configuration of the course website (built by ``python docs/build.py``, which stages the sources)."""
+
+project = "Build a Transformer from nothing"
+author = "the course authors"
+copyright = "the course authors, MIT licence"
+
+extensions = ["myst_nb"]
+root_doc = "index"
+exclude_patterns = ["_build", "node_modules", "**.ipynb_checkpoints"]
+templates_path = ["_templates"]
+html_static_path = ["_static"]
+
+# Notebooks are shown with the outputs stored in the repository; the site never runs them.
+nb_execution_mode = "off"
+myst_enable_extensions = ["dollarmath", "amsmath"]
+myst_heading_anchors = 3
+suppress_warnings = ["mystnb.unknown_mime_type"]
+
+# Every script a page needs is served from the site itself (copied from docs/node_modules by build.py).
+mathjax_path = "vendor/mathjax/tex-chtml.js"
+nb_ipywidgets_js = {
+    "vendor/require.js": {},
+    "vendor/html-manager/embed-amd.js": {"data-jupyter-widgets-cdn": "", "data-jupyter-widgets-cdn-only": "false"},
+}
+
+html_theme = "pydata_sphinx_theme"
+html_title = project
+html_copy_source = False
+html_show_sourcelink = False
+html_theme_options = {
+    "navigation_with_keys": True,
+    "show_toc_level": 2,
+    "secondary_sidebar_items": ["page-toc", "notebook-download"],
+    "footer_start": ["copyright"],
+    "footer_end": [],
+}
