@@ -1,4 +1,8 @@
-"""``course doctor``: one OK/FAIL line per check of the learner's environment."""
+"""``course doctor``: one line per check of the learner's environment.
+
+FAIL means a lesson cannot run (a package every lesson needs is missing or too old); NOTE marks a
+package that only some lessons, or only developers and instructors, need.
+"""
 
 from __future__ import annotations
 
@@ -6,37 +10,84 @@ import argparse
 import sys
 from importlib import metadata
 from pathlib import Path
+from typing import NamedTuple
 
-from packaging.requirements import InvalidRequirement, Requirement
+from packaging.requirements import Requirement
 
 from course_utils import data, runtime
 
-REQUIREMENTS = Path(__file__).resolve().parent.parent / "requirements.txt"
+PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
+DIST = "transformer-course"
+OK, FAIL, NOTE = "OK", "FAIL", "NOTE"
 
 
-def requirement_lines(path: Path = REQUIREMENTS) -> list[Requirement]:
-    """The package requirements of requirements.txt (comments and ``-e .`` skipped)."""
-    reqs = []
-    for line in path.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line or line.startswith("-"):
-            continue
-        try:
-            reqs.append(Requirement(line))
-        except InvalidRequirement as exc:
-            raise ValueError(f"{path}: cannot read requirement {line!r}: {exc}") from None
-    return reqs
+class Check(NamedTuple):
+    """One line of the report: OK, FAIL (the lessons cannot run) or NOTE (an optional package is missing)."""
+
+    status: str
+    text: str
 
 
-def check_requirement(req: Requirement) -> tuple[bool, str]:
+def declared() -> dict[str, list[Requirement]]:
+    """The course's requirements by group: "" is what every lesson needs, other keys are extras.
+
+    A source checkout's pyproject.toml is the truth there (its installed metadata may be older);
+    an installed copy reads its own metadata.
+    """
+    if PYPROJECT.exists() and sys.version_info >= (3, 11):
+        import tomllib
+
+        project = tomllib.loads(PYPROJECT.read_text())["project"]
+        groups = {"": project["dependencies"], **project["optional-dependencies"]}
+        return {group: [Requirement(line) for line in lines] for group, lines in groups.items()}
+    try:
+        lines = [Requirement(line) for line in metadata.requires(DIST) or []]
+        extras = metadata.metadata(DIST).get_all("Provides-Extra") or []
+    except metadata.PackageNotFoundError:
+        raise ValueError(f"{DIST} is not installed: run python -m pip install . in the course folder") from None
+    groups = {"": [r for r in lines if r.marker is None]}
+    for extra in extras:
+        groups[extra] = [r for r in lines if r.marker is not None and r.marker.evaluate({"extra": extra})]
+    return groups
+
+
+def requirement_groups() -> dict[str, tuple[Requirement, list[str]]]:
+    """Each package once, with the extras that ask for it (empty: every lesson needs it)."""
+    found: dict[str, tuple[Requirement, list[str]]] = {}
+    for group, reqs in declared().items():
+        for req in reqs:
+            if req.name == DIST:  # an extra made of other extras
+                continue
+            if req.name not in found:
+                found[req.name] = (req, [])
+            if group:
+                found[req.name][1].append(group)
+            else:
+                found[req.name] = (req, [])
+    return dict(sorted(found.items(), key=lambda item: (len(item[1][1]) > 0, "dev" in item[1][1])))
+
+
+def purpose(extras: list[str]) -> str:
+    """Who needs an optional package, e.g. "lessons 06, 07" or "developer tool"."""
+    lessons = [e.removeprefix("lesson") for e in extras if e.startswith("lesson") and e[6:].isdigit()]
+    return f"lesson{'s' if len(lessons) > 1 else ''} {', '.join(lessons)}" if lessons else "developer tool"
+
+
+def check_requirement(req: Requirement, extras: list[str] = ()) -> Check:
+    """OK if installed within its range; a missing or out-of-range extra is a NOTE, a needed package a FAIL."""
+    if not extras:
+        bad, why = FAIL, ""
+    elif purpose(extras) == "developer tool":
+        bad, why = NOTE, ": a developer and instructor tool (tests, JupyterLab, website), not needed for the lessons"
+    else:
+        bad, why = NOTE, f": needed for {purpose(extras)} only"
     try:
         version = metadata.version(req.name)
     except metadata.PackageNotFoundError:
-        return False, (f"{req.name} is not installed (wanted {req.specifier}); "
-                       "run: python -m pip install -r requirements.txt")
+        return Check(bad, f"{req.name} is not installed{why}; run: python -m pip install '{req}'")
     if req.specifier and not req.specifier.contains(version, prereleases=True):
-        return False, f"{req.name} {version} is outside {req.specifier}"
-    return True, f"{req.name} {version}"
+        return Check(bad, f"{req.name} {version} is outside {req.specifier}{why}")
+    return Check(OK, f"{req.name} {version}" + (f" ({purpose(extras)})" if extras else ""))
 
 
 def shown(path: Path) -> str:
@@ -45,42 +96,43 @@ def shown(path: Path) -> str:
     return "~" + str(path)[len(home):] if str(path).startswith(home) else str(path)
 
 
-def diagnose(fetch: bool) -> list[tuple[bool, str]]:
-    """(ok, one line) per check of the environment: Python, packages, run mode, device, data cache."""
-    results = [(sys.version_info >= (3, 10), f"Python {sys.version.split()[0]} (3.10 or newer)")]
-    if REQUIREMENTS.exists():
-        results += [check_requirement(r) for r in requirement_lines()]
-    else:
-        results.append((True, "requirements.txt not found next to course_utils (installed copy): packages not checked"))
+def diagnose(fetch: bool) -> list[Check]:
+    """Python, every declared package, run mode, device and the data cache, one Check each."""
+    results = [Check(OK if sys.version_info >= (3, 10) else FAIL, f"Python {sys.version.split()[0]} (3.10 or newer)")]
     try:
-        results.append((True, f"run mode {runtime.mode()} (COURSE_MODE)"))
+        results += [check_requirement(req, extras) for req, extras in requirement_groups().values()]
     except ValueError as exc:
-        results.append((False, str(exc)))
-    results.append((True, f"device {runtime.device()}"))
+        results.append(Check(FAIL, str(exc)))
+    try:
+        results.append(Check(OK, f"run mode {runtime.mode()} (COURSE_MODE)"))
+    except ValueError as exc:
+        results.append(Check(FAIL, str(exc)))
+    results.append(Check(OK, f"device {runtime.device()}"))
     corpus = data.cache_dir() / data.CORPUS_FILE
     if corpus.exists() and data.sha256_of(corpus) == data.CORPUS_SHA256:
-        results.append((True, f"course corpus cached in {shown(data.cache_dir())}"))
+        results.append(Check(OK, f"course corpus cached in {shown(data.cache_dir())}"))
     elif fetch:
         try:
             data.shakespeare()
-            results.append((True, f"course corpus downloaded to {shown(data.cache_dir())}"))
+            results.append(Check(OK, f"course corpus downloaded to {shown(data.cache_dir())}"))
         except data.CorpusUnavailable as exc:
-            results.append((False, str(exc).splitlines()[0] + " (see `course doctor --fetch` output above)"))
+            results.append(Check(FAIL, str(exc).splitlines()[0] + " (see `course doctor --fetch` output above)"))
             print(exc, file=sys.stderr)
     else:
-        results.append((True, f"course corpus not cached yet in {shown(data.cache_dir())}: "
-                              "lesson 01 fetches it (or run `course doctor --fetch`)"))
+        results.append(Check(OK, f"course corpus not cached yet in {shown(data.cache_dir())}: "
+                                 "lesson 01 fetches it (or run `course doctor --fetch`)"))
     return results
 
 
 def main(args: argparse.Namespace) -> int:
     results = diagnose(args.fetch)
-    for ok, text in results:
-        print(f"{'OK  ' if ok else 'FAIL'} {text}")
-    return 0 if all(ok for ok, _ in results) else 1
+    for status, text in results:
+        print(f"{status:<4} {text}")
+    return 0 if all(status != FAIL for status, _ in results) else 1
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("doctor", help="check Python, packages, device, run mode and the data cache")
+    p = sub.add_parser("doctor", help="check Python, packages (needed, per lesson, developer tools), "
+                                      "device, run mode and the data cache")
     p.add_argument("--fetch", action="store_true", help="download the course corpus if it is not cached")
     p.set_defaults(func=main)

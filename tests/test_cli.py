@@ -19,7 +19,7 @@ def test_every_subcommand_has_help(capsys):
 def test_doctor_prints_one_line_per_check(capsys):
     assert main(["doctor"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines and all(line.startswith(("OK  ", "FAIL")) for line in lines)
+    assert lines and all(line.startswith(("OK  ", "FAIL", "NOTE")) for line in lines)
     assert any("torch" in line for line in lines) and any("run mode" in line for line in lines)
 
 

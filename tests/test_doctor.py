@@ -1,0 +1,85 @@
+"""course doctor: a missing lesson package fails, a missing extra or developer tool is only noted."""
+
+from importlib import metadata
+
+import pytest
+from packaging.requirements import Requirement
+
+from course_tools import doctor
+
+
+def installed(versions: dict[str, str]):
+    """A stand-in for importlib.metadata.version that knows only the given packages."""
+    def version(name: str) -> str:
+        if name not in versions:
+            raise metadata.PackageNotFoundError(name)
+        return versions[name]
+    return version
+
+
+def test_groups_put_lesson_packages_first_and_name_every_extra():
+    groups = doctor.requirement_groups()
+    names = list(groups)
+    assert groups["torch"][1] == [] and groups["ipywidgets"][1] == []
+    assert groups["gensim"][1] == ["lesson01"]
+    assert groups["transformers"][1] == ["lesson06", "lesson07"]
+    assert groups["pytest"][1] == ["dev"] and groups["jupyterlab"][1] == ["dev"]
+    assert names.index("torch") < names.index("gensim") < names.index("pytest")
+    assert doctor.DIST not in groups
+
+
+def test_missing_needed_package_fails_but_missing_extras_are_notes(monkeypatch):
+    monkeypatch.setattr(doctor.metadata, "version", installed({"torch": "2.13.0", "transformers": "3.0"}))
+    assert doctor.check_requirement(Requirement("torch>=2.4,<3")) == ("OK", "torch 2.13.0")
+    status, text = doctor.check_requirement(Requirement("numpy>=1.26"))
+    assert status == "FAIL" and "numpy is not installed" in text and "pip install 'numpy>=1.26'" in text
+    status, text = doctor.check_requirement(Requirement("gensim>=4.3"), ["lesson01"])
+    assert status == "NOTE" and "needed for lesson 01 only" in text
+    status, text = doctor.check_requirement(Requirement("transformers>=4.44"), ["lesson06", "lesson07"])
+    assert status == "NOTE" and "3.0 is outside >=4.44" in text and "lessons 06, 07" in text
+    status, text = doctor.check_requirement(Requirement("ruff>=0.5"), ["dev"])
+    assert status == "NOTE" and "not needed for the lessons" in text
+
+
+def test_lesson_environment_passes_without_extras(monkeypatch):
+    """Only the packages every lesson needs (as installed here): no FAIL, the rest are notes."""
+    groups = doctor.requirement_groups().values()
+    lesson = {req.name: metadata.version(req.name) for req, extras in groups if not extras}
+    monkeypatch.setattr(doctor.metadata, "version", installed(lesson))
+    results = doctor.diagnose(fetch=False)
+    assert not [text for status, text in results if status == "FAIL"]
+    notes = [text for status, text in results if status == "NOTE"]
+    assert any(t.startswith("gensim is not installed: needed for lesson 01") for t in notes)
+    assert any(t.startswith("pytest is not installed: a developer") for t in notes)
+
+
+def test_installed_copy_reads_its_metadata(monkeypatch, tmp_path):
+    monkeypatch.setattr(doctor, "PYPROJECT", tmp_path / "absent.toml")
+    requires = ["torch>=2.4", 'gensim>=4.3; extra == "lesson01"', 'transformers; extra == "lesson06"',
+                'transformers; extra == "lesson07"', 'transformer-course[lesson01]; extra == "lessons"']
+    monkeypatch.setattr(doctor.metadata, "requires", lambda dist: requires)
+    extras = ["lesson01", "lesson06", "lesson07", "lessons"]
+    monkeypatch.setattr(doctor.metadata, "metadata", lambda dist: _Meta(extras))
+    groups = doctor.requirement_groups()
+    assert groups["torch"][1] == [] and groups["gensim"][1] == ["lesson01"]
+    assert groups["transformers"][1] == ["lesson06", "lesson07"] and doctor.DIST not in groups
+
+
+class _Meta:
+    def __init__(self, extras: list[str]) -> None:
+        self.extras = extras
+
+    def get_all(self, key: str) -> list[str]:
+        assert key == "Provides-Extra"
+        return self.extras
+
+
+def test_not_installed_copy_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setattr(doctor, "PYPROJECT", tmp_path / "absent.toml")
+
+    def missing(dist):
+        raise metadata.PackageNotFoundError(dist)
+
+    monkeypatch.setattr(doctor.metadata, "requires", missing)
+    with pytest.raises(ValueError, match="pip install . in the course folder"):
+        doctor.declared()
