@@ -92,7 +92,7 @@ def sphinx(src: Path, out: Path) -> None:
     if out.exists():
         shutil.rmtree(out)
     cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-q", str(src), str(out),
-           "-d", str(src.parent / "doctrees")]
+           "-d", str(src / ".doctrees")]
     if subprocess.run(cmd).returncode != 0:
         raise BuildError("sphinx-build reported warnings or errors (above)")
     for name in lesson_names("notebooks") + lesson_names("exercises"):
@@ -158,7 +158,8 @@ def check(out: Path) -> None:
 
 
 def build(out: Path) -> None:
-    src = DOCS / "_build" / "src"
+    """Stage the sources beside ``out`` (in ``out`` + "_src"), build into ``out``, check the result."""
+    src = out.with_name(out.name + "_src")
     stage(src)
     sphinx(src, out)
     check(out)

@@ -6,7 +6,7 @@ copyright = "the course authors, MIT licence"
 
 extensions = ["myst_nb"]
 root_doc = "index"
-exclude_patterns = ["_build", "node_modules", "**.ipynb_checkpoints"]
+exclude_patterns = [".doctrees", "**.ipynb_checkpoints"]
 templates_path = ["_templates"]
 html_static_path = ["_static"]
 

@@ -1,0 +1,65 @@
+"""The website: it builds offline from the repository, every lesson has its page, no internal link is
+broken, and in headless Chromium lesson 05 shows typeset math and its figures, lesson 07 its calculator,
+and search finds lesson 03 (docs/browser_check.py). In CI (CI=true) a missing Chromium is a failure."""
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(f"docs_{name}", ROOT / "docs" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+site_build = load("build")
+browser_check = load("browser_check")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("site") / "html"
+    assert site_build.main(["--out", str(out)]) == 0
+    return out
+
+
+def test_every_lesson_and_exercise_has_a_page_and_a_download(site):
+    for folder in ("notebooks", "exercises"):
+        for nb in (ROOT / folder).glob("*.ipynb"):
+            page = (site / folder / f"{nb.stem}.html").read_text(encoding="utf-8")
+            assert f'href="{nb.stem}.ipynb"' in page and (site / folder / nb.name).exists()
+    home = (site / "index.html").read_text(encoding="utf-8")
+    assert "Course map" in home and 'href="notebooks/03_multi_head_attention.html"' in home
+
+
+def test_no_page_loads_a_script_from_elsewhere(site):
+    for page in site.rglob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        assert "cdn.jsdelivr" not in text and "cdnjs" not in text and "unpkg.com" not in text, page
+
+
+def test_broken_links_and_missing_pages_are_reported(tmp_path):
+    (tmp_path / "a.html").write_text('<a href="b.html#here">b</a> <a href="b.html#gone">x</a> <img src="c.png">'
+                                     '<a href="https://example.org/">out</a> <a href="#top" id="top">top</a>')
+    (tmp_path / "b.html").write_text('<h1 id="here">b</h1>')
+    assert site_build.broken_links(tmp_path) == ["a.html: b.html#gone (no such anchor)",
+                                                 "a.html: c.png (no such file)"]
+    with pytest.raises(site_build.BuildError, match="missing pages: index.html"):
+        site_build.check(tmp_path)
+
+
+def test_readers_see_math_figures_widgets_and_search(site, tmp_path):
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    if not Path(chromium).exists() or importlib.util.find_spec("playwright") is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI needs Chromium (apt-get install chromium) and Playwright for the browser check")
+        pytest.skip("no Chromium or Playwright here: apt-get install chromium; pip install playwright")
+    assert browser_check.run(site, chromium, tmp_path / "screenshots") == []
+    assert len(list((tmp_path / "screenshots").glob("*.png"))) == 3
