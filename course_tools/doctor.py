@@ -64,7 +64,12 @@ def requirement_groups() -> dict[str, tuple[Requirement, list[str]]]:
                 found[req.name][1].append(group)
             else:
                 found[req.name] = (req, [])
-    return dict(sorted(found.items(), key=lambda item: (len(item[1][1]) > 0, "dev" in item[1][1])))
+    return dict(sorted(found.items(), key=lambda item: rank(item[1][1])))
+
+
+def rank(extras: list[str]) -> int:
+    """Report order: what every lesson needs, then each lesson's extras, then the developer tools."""
+    return 0 if not extras else 2 if purpose(extras) == "developer tool" else 1
 
 
 def purpose(extras: list[str]) -> str:

@@ -1,8 +1,9 @@
 """Open the built site in headless Chromium and check what a reader sees.
 
 ``python docs/browser_check.py [--site docs/_build/html] [--screenshots DIR]``. Needs Playwright (PyPI)
-and a Chromium binary (Debian's ``chromium`` package, or ``--chromium PATH``). Every request that
-leaves localhost is blocked and counted as a failure: the pages must work offline.
+and a Chromium: Debian's ``chromium`` package, ``--chromium PATH``, or ``--chromium bundled`` (Playwright's
+own download). Every request that leaves localhost is blocked and counted as a failure: the pages must
+work offline.
 """
 
 from __future__ import annotations
@@ -105,7 +106,8 @@ def run(site: Path, chromium: str, shots: Path | None) -> list[str]:
 
     try:
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+            path = None if chromium == "bundled" else chromium
+            browser = pw.chromium.launch(executable_path=path, headless=True, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.route("**/*", route)
             problems = check_math_and_figures(page, base) + check_calculator(page, base) + check_search(page, base)
@@ -123,13 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Check the built course website in headless Chromium.")
     parser.add_argument("--site", type=Path, default=DOCS / "_build" / "html", help="the built site")
     parser.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium",
-                        help="Chromium binary (Debian: apt-get install chromium)")
+                        help="Chromium binary (Debian: apt-get install chromium), or 'bundled' for the one "
+                             "that `python -m playwright install chromium` downloads")
     parser.add_argument("--screenshots", type=Path, help="also save screenshots of three pages here")
     args = parser.parse_args(argv)
     if not (args.site / "index.html").exists():
         print(f"no site in {args.site}: build it first with python docs/build.py", file=sys.stderr)
         return 1
-    if not Path(args.chromium).exists():
+    if args.chromium != "bundled" and not Path(args.chromium).exists():
         print(f"Chromium not found at {args.chromium}: apt-get install chromium, or pass --chromium", file=sys.stderr)
         return 1
     problems = run(args.site, args.chromium, args.screenshots)
