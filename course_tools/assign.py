@@ -1,8 +1,9 @@
 """``course assign``: generate the student notebooks in ``exercises/`` from ``solutions/``.
 
 Each ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` region becomes nbgrader's stub
-(``# YOUR CODE HERE`` + ``raise NotImplementedError()``, same indentation); outputs are cleared;
-the nbgrader cell metadata is kept, and the notebook records which lesson it is for the grader.
+(``# YOUR CODE HERE`` + ``raise NotImplementedError()``, same indentation); outputs are cleared, and
+so is the solutions' line about its stored outputs (an exercise notebook has none); the nbgrader
+cell metadata is kept, and the notebook records which lesson it is for the grader.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ import nbformat
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 CODE_STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")
 MARKDOWN_STUB = "YOUR ANSWER HERE"
+# the solutions' "*Stored outputs: ...*" line, which is not true of an exercise notebook
+STORED_OUTPUTS = re.compile(r"^\*Stored outputs:[^\n]*\*$", re.MULTILINE)
+NO_OUTPUTS = "*No stored outputs: run the cells from the top; each check prints its verdict.*"
 
 
 class AssignError(ValueError):
@@ -74,6 +78,8 @@ def build_exercises(solution: nbformat.NotebookNode, lesson: str) -> nbformat.No
         if cell.cell_type == "code":
             cell.outputs = []
             cell.execution_count = None
+        else:
+            cell.source = STORED_OUTPUTS.sub(NO_OUTPUTS, cell.source)
         cell.metadata.pop("execution", None)
     nb.metadata["course"] = {"lesson": lesson, "kind": "exercise"}
     return nb

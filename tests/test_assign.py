@@ -59,6 +59,16 @@ def test_generate_clears_outputs_keeps_metadata_and_names_the_lesson():
     assert "return x" in nb.cells[1].source, "the solutions notebook itself must not change"
 
 
+def test_exercises_do_not_claim_stored_outputs():
+    header = new_markdown_cell("# 03\n\n*Stored outputs: a `cpu`-mode run.*\n\nMore text.")
+    out = assign.build_exercises(new_notebook(cells=[header]), "03_topic")
+    assert "Stored outputs" not in out.cells[0].source
+    assert out.cells[0].source == f"# 03\n\n{assign.NO_OUTPUTS}\n\nMore text."
+    for path in (ROOT / "exercises").glob("*.ipynb"):
+        text = "".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "markdown")
+        assert "Stored outputs" not in text, f"{path.name} claims stored outputs it does not have"
+
+
 def test_solution_markers_need_nbgrader_metadata_and_unique_ids():
     bare = new_notebook(cells=[new_code_cell("### BEGIN SOLUTION\nx = 1\n### END SOLUTION")])
     with pytest.raises(assign.AssignError, match="solution: true"):
