@@ -203,6 +203,16 @@ class ModelKVCache:
         return self.layers[i]
 
 
+def _check_impl(impl: str, need_weights: bool, kv_cache: Cache | None) -> None:
+    if impl not in IMPLS:
+        raise ValueError(f"impl={impl!r} is unknown; use one of {', '.join(IMPLS)}")
+    if impl == "fused" and need_weights:
+        raise ValueError("the fused kernel does not return attention weights; use impl='batched'")
+    if impl == "loop" and kv_cache is not None:
+        raise ValueError("impl='loop' recomputes every head from x and takes no kv_cache; "
+                         "use impl='batched' or 'fused'")
+
+
 class MultiHeadAttention(nn.Module):
     """m heads, each with its own slice W_Q^i, W_K^i, W_V^i of W_Q, W_K, W_V; concat(H_1..H_m) W_O.
 
@@ -248,50 +258,65 @@ class MultiHeadAttention(nn.Module):
 
         ``mask`` broadcasts to (B, H, T, S); a 3-D mask is read as (B, T, S) and shared by the heads.
         With ``kv_cache`` the new keys/values are appended to the cache and the T new queries attend
-        to all S cached positions (a causal mask stays aligned bottom-right).
+        to all S cached positions (a causal mask stays aligned bottom-right). ``impl`` picks one of
+        ``_forward_loop``, ``_forward_batched``, ``_forward_fused``.
         """
-        if impl not in IMPLS:
-            raise ValueError(f"impl={impl!r} is unknown; use one of {', '.join(IMPLS)}")
-        if impl == "fused" and need_weights:
-            raise ValueError("the fused kernel does not return attention weights; use impl='batched'")
-        if impl == "loop" and kv_cache is not None:
-            raise ValueError("impl='loop' recomputes every head from x and takes no kv_cache; "
-                             "use impl='batched' or 'fused'")
+        _check_impl(impl, need_weights, kv_cache)
         _check_input(x, self.d_model)
         if mask is not None and mask.ndim == 3:
-            mask = mask[:, None]
+            mask = mask[:, None]  # (B, T, S) -> (B, 1, T, S): one mask for every head
         p = self.dropout if self.training else 0.0
+        if impl == "fused":
+            return self._forward_fused(x, mask, causal, p, kv_cache)
         if impl == "loop":
-            B, T = x.shape[:2]
-            if mask is not None:
-                _check_mask(mask, torch.Size((B, self.n_heads, T, T)))
-            heads, weights = [], []
-            for i in range(self.n_heads):
-                mask_i = mask[:, min(i, mask.shape[1] - 1)] if mask is not None and mask.ndim == 4 else mask
-                h_i, w_i = scaled_dot_product_attention(*self.head_projections(x, i), mask_i, causal,
-                                                        dropout_p=p)  # (B, T, d_v), (B, T, T)
-                heads.append(h_i)
-                weights.append(w_i)
-            out = self.W_O(torch.cat(heads, dim=-1))  # concat(H_1..H_m) (B, T, H·d_v) @ W_O
-            return (out, torch.stack(weights, dim=1)) if need_weights else out
+            out, weights = self._forward_loop(x, mask, causal, p)
+        else:
+            out, weights = self._forward_batched(x, mask, causal, p, kv_cache)
+        return (out, weights) if need_weights else out
 
-        q = split_heads(self.W_Q(x), self.n_heads)  # (B, H, T, d_k)
+    def _forward_loop(self, x: torch.Tensor, mask: torch.Tensor | None, causal: bool,
+                      p: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """One head at a time, as the lecture notes do it: concat(H_1..H_m) W_O, weights (B, H, T, T)."""
+        B, T = x.shape[:2]
+        if mask is not None:
+            _check_mask(mask, torch.Size((B, self.n_heads, T, T)))
+        heads, weights = [], []
+        for i in range(self.n_heads):
+            mask_i = mask[:, min(i, mask.shape[1] - 1)] if mask is not None and mask.ndim == 4 else mask
+            h_i, w_i = scaled_dot_product_attention(*self.head_projections(x, i), mask_i, causal,
+                                                    dropout_p=p)  # (B, T, d_v), (B, T, T)
+            heads.append(h_i)
+            weights.append(w_i)
+        out = self.W_O(torch.cat(heads, dim=-1))  # concat(H_1..H_m) (B, T, H·d_v) @ W_O
+        return out, torch.stack(weights, dim=1)
+
+    def _project(self, x: torch.Tensor, kv_cache: Cache | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """All heads at once: q (B, H, T, d_k), and k, v (B, H, S, d) including any cached positions."""
+        q = split_heads(self.W_Q(x), self.n_heads)
         k = split_heads(self.W_K(x), self.n_heads)
         v = split_heads(self.W_V(x), self.n_heads)
         if kv_cache is not None:
-            k, v = kv_cache.update(k, v)  # (B, H, S, d)
-        if impl == "fused":
-            T, S = q.shape[-2], k.shape[-2]
-            if mask is not None:
-                _check_mask(mask, torch.Size((*q.shape[:-2], T, S)))
-            if causal and mask is None and T == S:
-                h = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-            else:
-                full = _combine(mask, causal, T, S, x.device, q.dtype)
-                if full is not None and full.is_floating_point():
-                    full = full.to(q.dtype)  # PyTorch's kernel wants a float mask in the dtype of q
-                h = F.scaled_dot_product_attention(q, k, v, attn_mask=full, dropout_p=p)
-            return self.W_O(merge_heads(h))
-        h, weights = scaled_dot_product_attention(q, k, v, mask, causal, dropout_p=p)
-        out = self.W_O(merge_heads(h))
-        return (out, weights) if need_weights else out
+            k, v = kv_cache.update(k, v)
+        return q, k, v
+
+    def _forward_batched(self, x: torch.Tensor, mask: torch.Tensor | None, causal: bool, p: float,
+                         kv_cache: Cache | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every head in one batched matmul: (out (B, T, D), weights (B, H, T, S))."""
+        h, weights = scaled_dot_product_attention(*self._project(x, kv_cache), mask, causal, dropout_p=p)
+        return self.W_O(merge_heads(h)), weights
+
+    def _forward_fused(self, x: torch.Tensor, mask: torch.Tensor | None, causal: bool, p: float,
+                       kv_cache: Cache | None) -> torch.Tensor:
+        """PyTorch's fused kernel (flash / memory-efficient where available): out (B, T, D), no weights."""
+        q, k, v = self._project(x, kv_cache)
+        T, S = q.shape[-2], k.shape[-2]
+        if mask is not None:
+            _check_mask(mask, torch.Size((*q.shape[:-2], T, S)))
+        if causal and mask is None and T == S:
+            h = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        else:
+            full = _combine(mask, causal, T, S, x.device, q.dtype)
+            if full is not None and full.is_floating_point():
+                full = full.to(q.dtype)  # PyTorch's kernel wants a float mask in the dtype of q
+            h = F.scaled_dot_product_attention(q, k, v, attn_mask=full, dropout_p=p)
+        return self.W_O(merge_heads(h))
