@@ -84,6 +84,18 @@ def _check_last_dim(name: str, x: torch.Tensor, d: int) -> None:
                          f"{tuple(x.shape)}; normalise over the last axis, or build {name}({x.shape[-1]})")
 
 
+def layer_norm(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float) -> torch.Tensor:
+    """(..., D) -> (..., D): γ (x − μ) / √(σ² + ε) + β, μ and the biased σ² over each token's D features."""
+    mu = x.mean(dim=-1, keepdim=True)
+    var = (x - mu).pow(2).mean(dim=-1, keepdim=True)
+    return gamma * (x - mu) / torch.sqrt(var + eps) + beta
+
+
+def rms_norm(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> torch.Tensor:
+    """(..., D) -> (..., D): γ x / √(mean_j x_j² + ε); no mean subtracted, no shift."""
+    return gamma * x / torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
+
+
 class LayerNorm(nn.Module):
     """LN(x)_i = γ_i (x_i − μ) / √(σ² + ε) + β_i, with μ and σ² taken over each token's D features.
 
@@ -101,9 +113,7 @@ class LayerNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(..., D) -> (..., D): every token standardised, then scaled by γ and shifted by β."""
         _check_last_dim("LayerNorm", x, self.d)
-        mu = x.mean(dim=-1, keepdim=True)
-        var = (x - mu).pow(2).mean(dim=-1, keepdim=True)
-        return self.gamma * (x - mu) / torch.sqrt(var + self.eps) + self.beta
+        return layer_norm(x, self.gamma, self.beta, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.d}, eps={self.eps}"
@@ -122,7 +132,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(..., D) -> (..., D)."""
         _check_last_dim("RMSNorm", x, self.d)
-        return self.gamma * x / torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return rms_norm(x, self.gamma, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.d}, eps={self.eps}"

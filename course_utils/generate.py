@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from course_utils.attention import ModelKVCache
+from course_utils.sampling import inverse_cdf
 
 
 def _check_logits(logits: torch.Tensor) -> None:
@@ -84,11 +85,8 @@ def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None = N
         raise ValueError(f"probs must be (B, V), got shape {tuple(probs.shape)}; use probs.view(-1, V)")
     if bool((probs < 0).any()) or not bool(torch.isfinite(probs).all()):
         raise ValueError("probs must be finite and non-negative; pass softmax(logits), not the logits")
-    cdf = torch.cumsum(probs.double(), dim=-1)
-    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64, device="cpu")
-    u = u.to(probs.device) * cdf[:, -1:]
-    # first index whose cumulative mass exceeds u: flat stretches (zero-probability tokens) are skipped
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)
+    u = torch.rand(probs.shape[0], generator=generator, dtype=torch.float64, device="cpu")
+    return inverse_cdf(torch.cumsum(probs.double(), dim=-1), u.to(probs.device))
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,

@@ -154,7 +154,11 @@ def get_batch(data: torch.Tensor, batch_size: int, block_size: int, generator: t
         raise ValueError(f"the data has {len(data)} tokens, fewer than block_size + 1 = {block_size + 1}; "
                          "use more text or a smaller max_len")
     starts = torch.randint(len(data) - block_size, (world_size * batch_size,), generator=generator)
-    starts = starts[rank * batch_size:(rank + 1) * batch_size]
+    return shifted_windows(data, starts[rank * batch_size:(rank + 1) * batch_size], block_size)
+
+
+def shifted_windows(data: torch.Tensor, starts: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """data (N,), starts (B,) -> x (B, T) = data[s : s+T], y (B, T) = data[s+1 : s+T+1] for each start s."""
     windows = data[starts[:, None] + torch.arange(block_size + 1)]  # (B, T + 1)
     return windows[:, :-1], windows[:, 1:]
 

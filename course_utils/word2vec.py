@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from course_utils.sampling import inverse_cdf
 from course_utils.tokenize import Vocab
 
 
@@ -80,8 +81,7 @@ def noise_distribution(counts: torch.Tensor, power: float = 0.75) -> torch.Tenso
 
 def draw_negatives(cdf: torch.Tensor, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
     """Word ids of the given shape, drawn from the distribution whose cumulative sum is ``cdf``."""
-    u = torch.rand(shape, generator=gen, dtype=cdf.dtype) * cdf[-1]
-    return torch.searchsorted(cdf, u.reshape(-1), right=True).clamp_(max=len(cdf) - 1).reshape(shape)
+    return inverse_cdf(cdf, torch.rand(shape, generator=gen, dtype=cdf.dtype))
 
 
 def skipgram_pairs(ids: torch.Tensor, sentence: torch.Tensor, window: int,

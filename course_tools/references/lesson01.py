@@ -11,13 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from course_tools.checks import Case, exercise
+from course_tools.references._shared import close
 from course_utils.word2vec import sgns_loss
-
-
-def _close(got, alt: torch.Tensor) -> bool:
-    return (isinstance(got, torch.Tensor) and got.shape == alt.shape and got.is_floating_point()
-            and torch.allclose(got, alt, atol=1e-4, rtol=1e-3))
-
 
 # --- the embedding lookup -----------------------------------------------------------------------
 
@@ -35,7 +30,7 @@ def _lookup_hint(case: Case, got, expected) -> str | None:
         return "that is the one-hot matrix (N, V); multiply it by W_emb to get (N, D)"
     if isinstance(got, torch.Tensor) and got.dtype in (torch.long, torch.int64, torch.bool):
         return "one_hot gives integers; convert it with .float() (or .to(W_emb.dtype)) before the product"
-    if _close(got, W[(ids - 1) % W.shape[0]]) or _close(got, W[(ids + 1) % W.shape[0]]):
+    if close(got, W[(ids - 1) % W.shape[0]]) or close(got, W[(ids + 1) % W.shape[0]]):
         return "an off-by-one: ids start at 0, so id t picks row t"
     return None
 
@@ -96,11 +91,11 @@ def _loss_hint(case: Case, got, expected) -> str | None:
     v, u, n = case.args
     pos = F.logsigmoid((u * v).sum(-1))
     noise_scores = torch.einsum("bkd,bd->bk", n, v)
-    if _close(got, -(pos + F.logsigmoid(noise_scores).sum(-1))):
+    if close(got, -(pos + F.logsigmoid(noise_scores).sum(-1))):
         return "the noise words need σ(-u·v): their score should be pushed down, not up"
-    if _close(got, -(pos + F.logsigmoid(-noise_scores).mean(-1))):
+    if close(got, -(pos + F.logsigmoid(-noise_scores).mean(-1))):
         return "sum the K noise terms, do not average them"
-    if _close(got, pos + F.logsigmoid(-noise_scores).sum(-1)):
+    if close(got, pos + F.logsigmoid(-noise_scores).sum(-1)):
         return "a loss is the negative log-likelihood: put a minus sign in front"
     if isinstance(got, torch.Tensor) and got.dim() == 0:
         return "return one loss per pair, shape (B,), not their mean"

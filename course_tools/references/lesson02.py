@@ -12,12 +12,8 @@ import math
 import torch
 
 from course_tools.checks import Case, exercise
+from course_tools.references._shared import attention_weights, close
 from course_utils.attention import causal_mask, padding_mask, scaled_dot_product_attention, softmax
-
-
-def _close(got, alt: torch.Tensor) -> bool:
-    return (isinstance(got, torch.Tensor) and got.shape == alt.shape and got.is_floating_point()
-            and torch.allclose(got, alt, atol=1e-4, rtol=1e-3))
 
 
 def _has_nan(got) -> bool:
@@ -39,9 +35,9 @@ def _softmax_hint(case: Case, got, expected) -> str | None:
     if _has_nan(got) or (isinstance(got, torch.Tensor) and torch.isinf(got).any()):
         return "exp overflowed: subtract each row's maximum before exp (the result does not change)"
     for dim in (0, 1):
-        if x.shape[dim] > 1 and _close(got, torch.softmax(x, dim=dim)):
+        if x.shape[dim] > 1 and close(got, torch.softmax(x, dim=dim)):
             return f"you normalised over axis {dim}; each query's row of scores is the last axis (dim=-1)"
-    if _close(got, x.exp()):
+    if close(got, x.exp()):
         return "you forgot to divide by the sum of the exponentials"
     return None
 
@@ -64,11 +60,11 @@ def _one_query_cases(gen: torch.Generator) -> list[Case]:
 
 def _scaling_hint(case: Case, got, expected) -> str | None:
     q, K = case.args
-    if _close(got, torch.softmax(K @ q, dim=-1)):
+    if close(got, attention_weights(q[None], K, scale=False)[0]):
         return "the scores are not scaled: divide q·k by √d_k before the softmax"
-    if _close(got, torch.softmax(K @ q / q.shape[-1], dim=-1)):
+    if close(got, torch.softmax(K @ q / q.shape[-1], dim=-1)):
         return "you divided by d_k; divide by its square root √d_k"
-    if _close(got, K @ q / math.sqrt(q.shape[-1])):
+    if close(got, K @ q / math.sqrt(q.shape[-1])):
         return "those are the scaled scores; apply the softmax to turn them into weights"
     return None
 
@@ -93,15 +89,14 @@ def _head_cases(gen: torch.Generator) -> list[Case]:
 def _head_hint(case: Case, got, expected) -> str | None:
     x, W_Q, W_K, W_V = case.args
     q, k = x @ W_Q, x @ W_K
-    scores = q @ k.transpose(-2, -1)
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         return "return a pair (out, weights)"
     out, weights = got
-    if _close(weights, torch.softmax(scores, dim=-1)):
+    if close(weights, attention_weights(q, k, scale=False)):
         return "the scores are not scaled: divide q kᵀ by √d_k before the softmax"
-    if x.shape[1] > 1 and _close(weights, torch.softmax(scores / math.sqrt(q.shape[-1]), dim=-2)):
+    if x.shape[1] > 1 and close(weights, attention_weights(q, k, softmax_dim=-2)):
         return "softmax over the wrong axis: each query's row (dim=-1) must sum to one"
-    if _close(out, expected[1] @ x) or _close(out, expected[1] @ k):
+    if close(out, expected[1] @ x) or close(out, expected[1] @ k):
         return "the weighted sum must run over the values v = x W_V, not over x or the keys"
     return None
 
@@ -126,21 +121,20 @@ def _qkv_cases(gen: torch.Generator) -> list[Case]:
 
 def _causal_hint(case: Case, got, expected) -> str | None:
     q, k, v = case.args
-    T, d_k = q.shape[-2], q.shape[-1]
-    scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)
+    T = q.shape[-2]
     tri = causal_mask(T)
-    after = torch.softmax(scores, dim=-1) * tri
-    if T > 1 and (_close(got, after @ v) or _close(got, (after / after.sum(-1, keepdim=True)) @ v)):
+    after = attention_weights(q, k, keep=tri, mask_after_softmax=True)
+    if T > 1 and (close(got, after @ v) or close(got, (after / after.sum(-1, keepdim=True)) @ v)):
         return ("the mask was applied after the softmax: set the blocked scores to -inf first, "
                 "then take the softmax")
-    if T > 1 and _close(got, torch.softmax(scores.masked_fill(tri.T.logical_not(), float("-inf")), -1) @ v):
+    if T > 1 and close(got, attention_weights(q, k, keep=tri.T) @ v):
         return "the mask is upside down: query t may see keys 0..t (torch.tril), not t..T-1"
-    if _close(got, torch.softmax(scores * math.sqrt(d_k), -1).masked_fill(~tri, 0) @ v) or _close(
-            got, torch.softmax((scores * math.sqrt(d_k)).masked_fill(~tri, float("-inf")), -1) @ v):
+    if any(close(got, attention_weights(q, k, scale=False, keep=tri, mask_after_softmax=after_softmax) @ v)
+           for after_softmax in (False, True)):
         return "the scores are not scaled: divide q kᵀ by √d_k"
-    if T > 1 and _close(got, torch.softmax(scores, -1) @ v):
+    if T > 1 and close(got, attention_weights(q, k) @ v):
         return "no mask was applied: block the future keys (s > t) before the softmax"
-    if T > 1 and _close(got, torch.softmax(scores.masked_fill(~tri, float("-inf")), -2) @ v):
+    if T > 1 and close(got, attention_weights(q, k, keep=tri, softmax_dim=-2) @ v):
         return "softmax over the wrong axis: normalise over the keys (dim=-1)"
     return None
 

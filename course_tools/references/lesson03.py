@@ -9,18 +9,13 @@ import torch
 from einops import rearrange
 
 from course_tools.checks import Case, exercise
+from course_tools.references._shared import close
 from course_utils.attention import (
     causal_mask,
     merge_heads,
     scaled_dot_product_attention,
     split_heads,
 )
-
-
-def _close(got, alt: torch.Tensor) -> bool:
-    return (isinstance(got, torch.Tensor) and got.shape == alt.shape and got.is_floating_point()
-            and torch.allclose(got, alt, atol=1e-4, rtol=1e-3))
-
 
 # --- split / merge heads ---------------------------------------------------------------------------
 
@@ -35,9 +30,9 @@ def _split_cases(gen: torch.Generator) -> list[Case]:
 def _split_hint(case: Case, got, expected) -> str | None:
     x, h = case.args
     b, t, _ = x.shape
-    if _close(got, x.reshape(b, h, t, -1)) and not torch.equal(got, expected):
+    if close(got, x.reshape(b, h, t, -1)) and not torch.equal(got, expected):
         return "a bare reshape mixes positions and heads: reshape to (B, T, H, d), then swap T and H"
-    if _close(got, rearrange(x, "b t (d h) -> b h t d", h=h)):
+    if close(got, rearrange(x, "b t (d h) -> b h t d", h=h)):
         return "head i owns a contiguous block of columns: split the last axis as (h d), not (d h)"
     if isinstance(got, torch.Tensor) and got.shape == (b, t, h, x.shape[-1] // h):
         return "the head axis goes before the time axis: (B, H, T, d)"
@@ -58,9 +53,9 @@ def _merge_cases(gen: torch.Generator) -> list[Case]:
 def _merge_hint(case: Case, got, expected) -> str | None:
     x = case.args[0]
     b, h, t, d = x.shape
-    if _close(got, x.reshape(b, t, h * d)) and not torch.equal(got, expected):
+    if close(got, x.reshape(b, t, h * d)) and not torch.equal(got, expected):
         return "a bare reshape mixes positions and heads: move H next to d first (B, T, H, d), then merge"
-    if _close(got, rearrange(x, "b h t d -> b t (d h)")):
+    if close(got, rearrange(x, "b h t d -> b t (d h)")):
         return "concatenate the heads side by side: merge as (h d), not (d h)"
     return None
 
@@ -97,13 +92,13 @@ def _mha(x, W_Q, W_K, W_V, W_O, h, *, scale=True, split=True, with_W_O=True):
 
 def _mha_hint(case: Case, got, expected) -> str | None:
     x, W_Q, W_K, W_V, W_O, h = case.args
-    if _close(got, _mha(*case.args, with_W_O=False)):
+    if close(got, _mha(*case.args, with_W_O=False)):
         return "the heads are concatenated but W_O is missing: multiply concat(H_1..H_m) by W_O"
-    if x.shape[1] > 1 and h > 1 and _close(got, _mha(*case.args, split=False)):
+    if x.shape[1] > 1 and h > 1 and close(got, _mha(*case.args, split=False)):
         return "that is one head of width D: split q, k, v into n_heads heads of width D / n_heads"
-    if x.shape[1] > 1 and _close(got, _mha(*case.args, scale=False)):
+    if x.shape[1] > 1 and close(got, _mha(*case.args, scale=False)):
         return "the scores are not scaled: divide by √d_k with d_k = D / n_heads (the width of one head)"
-    if x.shape[1] > 1 and h > 1 and _close(got, _scaled_by_full_width(*case.args)):
+    if x.shape[1] > 1 and h > 1 and close(got, _scaled_by_full_width(*case.args)):
         return "scale by the width of one head, √(D / n_heads), not √D"
     return None
 

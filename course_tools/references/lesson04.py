@@ -6,19 +6,18 @@ from __future__ import annotations
 import torch
 
 from course_tools.checks import Case, exercise
+from course_tools.references._shared import close
+from course_utils import blocks
 from course_utils.blocks import block_parameter_count
 
 SHAPES = [(1, 1, 4), (2, 3, 8), (3, 5, 16)]
 EPS = [1e-5, 1e-2, 0.5]  # a large ε makes "ε outside the root" visible
 
 
-def _close(a, b) -> bool:
-    return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a, b, atol=1e-4, rtol=1e-3)
-
 
 def _ln(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float, dim: int = -1,
         eps_outside: bool = False, unbiased: bool = False) -> torch.Tensor:
-    """LayerNorm and its usual mistakes, for the reference and the hints."""
+    """LayerNorm's usual mistakes (ε outside the root, the wrong axis, the unbiased variance), for the hints."""
     mu = x.mean(dim=dim, keepdim=True)
     var = x.var(dim=dim, keepdim=True, unbiased=unbiased)
     scale = torch.sqrt(var) + eps if eps_outside else torch.sqrt(var + eps)
@@ -37,17 +36,17 @@ def _norm_cases(gen: torch.Generator) -> list[Case]:
 
 def _ln_hint(case: Case, got, expected) -> str | None:
     x, gamma, beta, eps = case.args
-    if _close(got, _ln(x, gamma, beta, eps, eps_outside=True)):
+    if close(got, _ln(x, gamma, beta, eps, eps_outside=True)):
         return "ε is outside the square root: divide by √(σ² + ε), not √σ² + ε"
-    if _close(got, _ln(x, gamma, beta, eps, dim=1)):
+    if close(got, _ln(x, gamma, beta, eps, dim=1)):
         return "you normalised over the time axis T; LayerNorm normalises each token over its D features (dim=-1)"
-    if x.shape[0] > 1 and _close(got, _ln(x, gamma, beta, eps, dim=0)):
+    if x.shape[0] > 1 and close(got, _ln(x, gamma, beta, eps, dim=0)):
         return "you normalised over the batch axis (that is BatchNorm); normalise over the last axis D"
-    if _close(got, _ln(x, gamma, beta, eps, unbiased=True)):
+    if close(got, _ln(x, gamma, beta, eps, unbiased=True)):
         return "that is the unbiased variance (divide by D − 1); LayerNorm divides by D (unbiased=False)"
-    if _close(got, _ln(x, torch.ones_like(gamma), torch.zeros_like(beta), eps)):
+    if close(got, blocks.layer_norm(x, torch.ones_like(gamma), torch.zeros_like(beta), eps)):
         return "the standardisation is right; now scale by γ and shift by β"
-    if _close(got, (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True, unbiased=False)
+    if close(got, (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True, unbiased=False)
                                                                + eps) * gamma):
         return "β is missing: add the shift after scaling by γ"
     return None
@@ -56,11 +55,7 @@ def _ln_hint(case: Case, got, expected) -> str | None:
 @exercise(cases=_norm_cases, hints=[_ln_hint])
 def layer_norm(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float) -> torch.Tensor:
     """x (B, T, D), gamma (D,), beta (D,) -> (B, T, D): γ (x − μ) / √(σ² + ε) + β per token."""
-    return _ln(x, gamma, beta, eps)
-
-
-def _rms(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> torch.Tensor:
-    return gamma * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return blocks.layer_norm(x, gamma, beta, eps)
 
 
 def _rms_cases(gen: torch.Generator) -> list[Case]:
@@ -70,15 +65,15 @@ def _rms_cases(gen: torch.Generator) -> list[Case]:
 def _rms_hint(case: Case, got, expected) -> str | None:
     x, gamma, eps = case.args
     ms = x.pow(2).mean(-1, keepdim=True)
-    if _close(got, gamma * x / (torch.sqrt(ms) + eps)):
+    if close(got, gamma * x / (torch.sqrt(ms) + eps)):
         return "ε is outside the square root: divide by √(mean(x²) + ε)"
-    if _close(got, gamma * x / (ms + eps)):
+    if close(got, gamma * x / (ms + eps)):
         return "you divided by the mean square; divide by its square root (the root mean square)"
-    if _close(got, _rms(x - x.mean(-1, keepdim=True), gamma, eps)):
+    if close(got, blocks.rms_norm(x - x.mean(-1, keepdim=True), gamma, eps)):
         return "RMSNorm does not subtract the mean (that is LayerNorm); divide x itself by its RMS"
-    if _close(got, gamma * x / torch.sqrt(x.pow(2).mean(1, keepdim=True) + eps)):
+    if close(got, gamma * x / torch.sqrt(x.pow(2).mean(1, keepdim=True) + eps)):
         return "you took the mean over the time axis T; RMSNorm averages each token's D features (dim=-1)"
-    if _close(got, _rms(x, torch.ones_like(gamma), eps)):
+    if close(got, blocks.rms_norm(x, torch.ones_like(gamma), eps)):
         return "the normalisation is right; now multiply by γ"
     return None
 
@@ -86,7 +81,7 @@ def _rms_hint(case: Case, got, expected) -> str | None:
 @exercise(cases=_rms_cases, hints=[_rms_hint])
 def rms_norm(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> torch.Tensor:
     """x (B, T, D), gamma (D,) -> (B, T, D): γ x / √(mean_j x_j² + ε) per token."""
-    return _rms(x, gamma, eps)
+    return blocks.rms_norm(x, gamma, eps)
 
 
 def _ffn_cases(gen: torch.Generator) -> list[Case]:
@@ -102,11 +97,11 @@ def _ffn_cases(gen: torch.Generator) -> list[Case]:
 
 def _ffn_hint(case: Case, got, expected) -> str | None:
     x, W_in, b_in, W_out, b_out = case.args
-    if _close(got, (x @ W_in + b_in) @ W_out + b_out):
+    if close(got, (x @ W_in + b_in) @ W_out + b_out):
         return "the ReLU is missing: without it the two matrices collapse into one linear map"
-    if _close(got, torch.relu((x @ W_in + b_in) @ W_out + b_out)):
+    if close(got, torch.relu((x @ W_in + b_in) @ W_out + b_out)):
         return "the ReLU goes between the two matrices (on the F hidden units), not after W_out"
-    if _close(got, torch.relu(x @ W_in) @ W_out):
+    if close(got, torch.relu(x @ W_in) @ W_out):
         return "the biases b_in and b_out are missing"
     return None
 
@@ -137,13 +132,13 @@ def _mlp(h: torch.Tensor, W_in: torch.Tensor, W_out: torch.Tensor) -> torch.Tens
 def _sublayer_hint(case: Case, got, expected) -> str | None:
     x, gamma, beta, W_in, W_out = case.args
     ln = _ln(x, gamma, beta, 1e-5)
-    if _close(got, _ln(x + _mlp(x, W_in, W_out), gamma, beta, 1e-5)):
+    if close(got, _ln(x + _mlp(x, W_in, W_out), gamma, beta, 1e-5)):
         return "that is post-LN (LN(x + F(x))); pre-LN normalises the input of F only: x + F(LN(x))"
-    if _close(got, _mlp(ln, W_in, W_out)):
+    if close(got, _mlp(ln, W_in, W_out)):
         return "the residual connection is missing: add x to F(LN(x))"
-    if _close(got, ln + _mlp(ln, W_in, W_out)):
+    if close(got, ln + _mlp(ln, W_in, W_out)):
         return "add the raw x, not LN(x): the residual stream itself is never normalised in pre-LN"
-    if _close(got, x + _mlp(x, W_in, W_out)):
+    if close(got, x + _mlp(x, W_in, W_out)):
         return "the LayerNorm is missing: apply it to x before the MLP"
     return None
 

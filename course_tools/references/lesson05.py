@@ -5,11 +5,8 @@ from __future__ import annotations
 import torch
 
 from course_tools.checks import Case, exercise
+from course_tools.references._shared import close
 from course_utils.positional import alibi_bias, apply_rope, sinusoidal_encoding, sinusoidal_rotation
-
-
-def _close(a, b) -> bool:
-    return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a, b, atol=1e-4, rtol=1e-3)
 
 
 def _pe_cases(gen: torch.Generator) -> list[Case]:
@@ -19,14 +16,14 @@ def _pe_cases(gen: torch.Generator) -> list[Case]:
 
 def _pe_hint(case: Case, got, expected) -> str | None:
     n, d = case.args
-    if _close(got, expected.view(n, d // 2, 2).flip(-1).reshape(n, d)):
+    if close(got, expected.view(n, d // 2, 2).flip(-1).reshape(n, d)):
         return "sin and cos are swapped: even features (2i) take sin, odd features (2i+1) take cos"
-    if _close(got, expected.view(n, d // 2, 2).transpose(1, 2).reshape(n, d)):
+    if close(got, expected.view(n, d // 2, 2).transpose(1, 2).reshape(n, d)):
         return "the right values in the wrong layout: interleave sin and cos (2i, 2i+1), do not concatenate halves"
     p = torch.arange(n, dtype=torch.float64)[:, None]
     w = 10000.0 ** (-torch.arange(d // 2, dtype=torch.float64) / d)  # i/d instead of 2i/d
     wrong = torch.stack([(p * w).sin(), (p * w).cos()], -1).reshape(n, d).float()
-    if _close(got, wrong):
+    if close(got, wrong):
         return "the exponent is 2i/d, not i/d: ω_i = 10000^(−2i/d)"
     return None
 
@@ -43,7 +40,7 @@ def _rotation_cases(gen: torch.Generator) -> list[Case]:
 
 
 def _rotation_hint(case: Case, got, expected) -> str | None:
-    if _close(got, expected.T):
+    if close(got, expected.T):
         return "R(k) is transposed (it turns backwards): block i is [[cos ω_i k, sin ω_i k], [−sin ω_i k, cos ω_i k]]"
     return None
 
@@ -81,11 +78,11 @@ def _rope_swapped(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 
 def _rope_hint(case: Case, got, expected) -> str | None:
     x, positions = case.args
-    if _close(got, apply_rope(x, -positions)):
+    if close(got, apply_rope(x, -positions)):
         return "you rotate the wrong way: x_2i' = x_2i cos θ − x_2i+1 sin θ, x_2i+1' = x_2i sin θ + x_2i+1 cos θ"
-    if x.shape[-1] > 2 and _close(got, _rope_half_split(x, positions)):
+    if x.shape[-1] > 2 and close(got, _rope_half_split(x, positions)):
         return "you rotate the wrong pairs: pair feature 2i with 2i+1 (adjacent), not i with i + d/2"
-    if _close(got, _rope_swapped(x, positions)):
+    if close(got, _rope_swapped(x, positions)):
         return "cos and sin are swapped: x_2i' = x_2i cos θ − x_2i+1 sin θ (cos on the feature itself)"
     return None
 
@@ -102,14 +99,14 @@ def _alibi_cases(gen: torch.Generator) -> list[Case]:
 
 
 def _alibi_hint(case: Case, got, expected) -> str | None:
-    if _close(got, -expected):
+    if close(got, -expected):
         return "the sign is flipped: the bias is a penalty, −m_h·|i − j| ≤ 0, so far keys lose score"
-    if _close(got, expected.flip(0)):
+    if close(got, expected.flip(0)):
         return "the slopes are in reverse order: head h = 1..H gets m_h = 2^(−8h/H), the steepest first"
     if isinstance(got, torch.Tensor) and got.shape == expected.shape:
         h, t = case.args
         signed = expected * torch.sign(torch.arange(t)[None, :] - torch.arange(t)[:, None]).float()
-        if _close(got, signed) or _close(got, -signed):
+        if close(got, signed) or close(got, -signed):
             return "use the distance |i − j| (always ≥ 0), not the signed offset"
     return None
 

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from course_tools.checks import Case, exercise
+from course_tools.references._shared import close
 from course_utils.blocks import TransformerBlock
 from course_utils.encoder import (
     POSITION_IDS_KEY,
@@ -35,10 +36,6 @@ PLAY_SENTENCES = ["She likes to play the piano every evening.",
 def _minilm() -> SentenceEncoder:
     return load_minilm()
 
-
-def _close(a, b) -> bool:
-    return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a.float(), b.float(),
-                                                                                  atol=1e-4, rtol=1e-3)
 
 
 def _random_mask(gen: torch.Generator, b: int, s: int) -> torch.Tensor:
@@ -119,11 +116,11 @@ def _reference_block(x, attention_mask, weights, n_heads, norm_first=False, use_
 
 def _block_hint(case: Case, got, expected) -> str | None:
     x, mask, weights, h = case.args
-    if _close(got, _reference_block(x, mask, weights, h, norm_first=True)):
+    if close(got, _reference_block(x, mask, weights, h, norm_first=True)):
         return "that is pre-LN (x + F(LN(x))); BERT is post-LN: LN(x + F(x)) after each sublayer"
-    if _close(got, _reference_block(x, mask, weights, h, use_mask=False)):
+    if close(got, _reference_block(x, mask, weights, h, use_mask=False)):
         return "the padding leaks in: mask the padded keys (scores to -inf before the softmax)"
-    if _close(got, _reference_block(x, mask, weights, h, activation="gelu_tanh")):
+    if close(got, _reference_block(x, mask, weights, h, activation="gelu_tanh")):
         return "that is GPT-2's tanh approximation of GELU; BERT uses the exact GELU (F.gelu without approximate)"
     return None
 
@@ -147,11 +144,11 @@ def _pool_cases(gen: torch.Generator) -> list[Case]:
 def _pool_hint(case: Case, got, expected) -> str | None:
     hidden, mask = case.args
     m = mask.unsqueeze(-1).float()
-    if _close(got, hidden.mean(dim=1)):
+    if close(got, hidden.mean(dim=1)):
         return "you averaged the padding too: sum only the real tokens (multiply by the mask)"
-    if _close(got, (hidden * m).sum(dim=1)):
+    if close(got, (hidden * m).sum(dim=1)):
         return "that is the sum of the real tokens; divide by how many there are (mask.sum over T)"
-    if _close(got, (hidden * m).sum(dim=1) / hidden.shape[1]):
+    if close(got, (hidden * m).sum(dim=1) / hidden.shape[1]):
         return "divide by the number of real tokens, not by T (which counts the padding)"
     return None
 
@@ -227,11 +224,11 @@ def _similarity_cases(gen: torch.Generator) -> list[Case]:
 
 def _similarity_hint(case: Case, got, expected) -> str | None:
     a, b = case.args
-    if _close(got, a @ b.T):
+    if close(got, a @ b.T):
         return "those are dot products; divide by both lengths (normalise the rows first)"
     if isinstance(got, torch.Tensor) and got.shape == expected.T.shape != expected.shape:
         return "the result is (N, M): rows for a, columns for b"
-    if _close(got, F.normalize(a, dim=0) @ F.normalize(b, dim=0).T):
+    if close(got, F.normalize(a, dim=0) @ F.normalize(b, dim=0).T):
         return "normalise each vector (each row, dim=-1), not each feature column"
     return None
 

@@ -9,14 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from course_tools.checks import Case, exercise
+from course_tools.references._shared import attention_weights, close
+from course_utils.attention import merge_heads, scaled_dot_product_attention, split_heads
 from course_utils.generate import top_k_filter, top_p_filter
 from course_utils.gpt import GPTConfig, count_params
-
-
-def _close(a, b) -> bool:
-    return (isinstance(a, torch.Tensor) and a.shape == b.shape
-            and bool(torch.allclose(a.double(), b.double(), atol=1e-4, rtol=1e-3)))
-
+from course_utils.sampling import inverse_cdf
 
 # ------------------------------------------------------------------ a causal pre-LN block
 
@@ -41,18 +38,10 @@ def _block_cases(gen: torch.Generator) -> list[Case]:
 
 def _attend(x: torch.Tensor, w: dict[str, torch.Tensor], n_heads: int, diagonal: int | None = 0) -> torch.Tensor:
     """Causal multi-head attention (mask: key s visible from query t when s <= t + diagonal)."""
-    B, T, D = x.shape
-
-    def heads(m: torch.Tensor) -> torch.Tensor:
-        return (x @ m).view(B, T, n_heads, D // n_heads).transpose(1, 2)  # (B, H, T, d)
-
-    q, k, v = heads(w["W_Q"]), heads(w["W_K"]), heads(w["W_V"])
-    scores = q @ k.transpose(-2, -1) / math.sqrt(D // n_heads)
-    if diagonal is not None:
-        allowed = torch.ones(T, T, dtype=torch.bool).tril(diagonal)
-        scores = scores.masked_fill(~allowed, float("-inf"))
-    out = torch.softmax(scores, dim=-1) @ v  # (B, H, T, d)
-    return out.transpose(1, 2).reshape(B, T, D) @ w["W_O"]
+    T = x.shape[1]
+    q, k, v = (split_heads(x @ w[name], n_heads) for name in ("W_Q", "W_K", "W_V"))  # (B, H, T, d)
+    keep = None if diagonal is None else torch.ones(T, T, dtype=torch.bool).tril(diagonal)
+    return merge_heads(attention_weights(q, k, keep=keep) @ v) @ w["W_O"]
 
 
 def _block(x, w, n_heads, norm_first=True, diagonal: int | None = 0):
@@ -74,11 +63,11 @@ def _block_hint(case: Case, got, expected) -> str | None:
     if isinstance(got, torch.Tensor) and got.shape == expected.shape and bool(torch.isnan(got[:, 0]).any()):
         return ("the first token has no key left to attend to: the mask must let each token see itself "
                 "(keep the diagonal, tril(diagonal=0))")
-    if x.shape[1] > 1 and _close(got, _block(x, w, h, diagonal=1)):
+    if x.shape[1] > 1 and close(got, _block(x, w, h, diagonal=1)):
         return "each token sees one token into the future: the mask is off by one (use tril, diagonal=0)"
-    if x.shape[1] > 1 and _close(got, _block(x, w, h, diagonal=None)):
+    if x.shape[1] > 1 and close(got, _block(x, w, h, diagonal=None)):
         return "no causal mask: a GPT token must not attend to later positions"
-    if _close(got, _block(x, w, h, norm_first=False)):
+    if close(got, _block(x, w, h, norm_first=False)):
         return "that is post-LN (LN(x + F(x))); GPT-2's pre-LN computes x + F(LN(x)) for both sublayers"
     return None
 
@@ -162,8 +151,7 @@ def gpt_param_count(V: int, max_len: int, d: int, L: int) -> int:
 # ------------------------------------------------------------------ sampling with a temperature
 
 def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    cdf = torch.cumsum(weights.double(), dim=-1)
-    return torch.searchsorted(cdf, u.double()[:, None] * cdf[:, -1:], right=True).squeeze(-1)
+    return inverse_cdf(torch.cumsum(weights.double(), dim=-1), u)
 
 
 def _temperature_cases(gen: torch.Generator) -> list[Case]:
@@ -283,11 +271,11 @@ def _kv_hint(case: Case, got, expected) -> str | None:
     if not isinstance(got, (tuple, list)) or len(got) != 3:
         return "return a tuple (out, k_all, v_all)"
     out = got[0]
-    if _close(out, torch.softmax(q @ k_cache.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1) @ v_cache):
+    if close(out, attention_weights(q, k_cache) @ v_cache):
         return "the new token must also attend to itself: append k_new and v_new before attending"
-    if _close(out, torch.softmax(q @ expected[1].transpose(-2, -1), -1) @ expected[2]):
+    if close(out, attention_weights(q, expected[1], scale=False) @ expected[2]):
         return "scale the scores by 1/√d"
-    if isinstance(got[1], torch.Tensor) and _close(got[1], torch.cat([k_new, k_cache], dim=-2)):
+    if isinstance(got[1], torch.Tensor) and close(got[1], torch.cat([k_new, k_cache], dim=-2)):
         return "append the new key at the end (the newest position is last): torch.cat([k_cache, k_new], dim=-2)"
     return None
 
@@ -301,5 +289,4 @@ def kv_attention_step(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     included; no mask is needed since nothing later exists yet."""
     k_all = torch.cat([k_cache, k_new], dim=-2)
     v_all = torch.cat([v_cache, v_new], dim=-2)
-    weights = torch.softmax(q @ k_all.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
-    return weights @ v_all, k_all, v_all
+    return scaled_dot_product_attention(q, k_all, v_all)[0], k_all, v_all

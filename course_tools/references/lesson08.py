@@ -13,17 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from course_tools.checks import Case, exercise
+from course_tools.references._shared import close
 from course_utils import bpe, train
-
-
-def _close(got, alt) -> bool:
-    if isinstance(alt, torch.Tensor):
-        return (isinstance(got, torch.Tensor) and got.shape == alt.shape and got.is_floating_point()
-                and torch.allclose(got.float(), alt.float(), atol=1e-4, rtol=1e-3))
-    if isinstance(got, torch.Tensor) and got.numel() == 1:
-        got = got.item()
-    return isinstance(got, (int, float)) and math.isclose(got, alt, rel_tol=1e-4, abs_tol=1e-6)
-
 
 # --- a batch of shifted windows ------------------------------------------------------------------
 
@@ -41,7 +32,7 @@ def _window_hint(case: Case, got, expected) -> str | None:
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         return "return two tensors, (x, y)"
     x, y = got
-    if _close(x.float(), expected[0].float()) and isinstance(y, torch.Tensor) and torch.equal(y, x):
+    if close(x.float(), expected[0].float()) and isinstance(y, torch.Tensor) and torch.equal(y, x):
         return "y equals x: the target of position t is the next token, data[start + t + 1]"
     if isinstance(x, torch.Tensor) and x.shape[-1] == expected[0].shape[-1] + 1:
         return "the windows hold T + 1 tokens; x is the first T of them and y the last T"
@@ -51,8 +42,7 @@ def _window_hint(case: Case, got, expected) -> str | None:
 @exercise(cases=_window_cases, hints=[_window_hint])
 def shifted_windows(data: torch.Tensor, starts: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """data (N,), starts (B,) -> x (B, T), y (B, T): x[b] = data[s : s+T], y[b] = data[s+1 : s+T+1]."""
-    windows = data[starts[:, None] + torch.arange(block_size + 1)]  # (B, T + 1)
-    return windows[:, :-1], windows[:, 1:]
+    return train.shifted_windows(data, starts, block_size)
 
 
 # --- perplexity ------------------------------------------------------------------------------------
@@ -70,11 +60,11 @@ def _ppl_cases(gen: torch.Generator) -> list[Case]:
 def _ppl_hint(case: Case, got, expected) -> str | None:
     logits, targets = case.args
     ce = F.cross_entropy(logits, targets)
-    if _close(got, ce):
+    if close(got, ce):
         return "that is the cross-entropy; perplexity is its exponential, exp(loss)"
-    if _close(got, 2 ** ce):
+    if close(got, 2 ** ce):
         return "2**loss is for a loss in bits; PyTorch's cross-entropy is in nats, so use exp(loss)"
-    if _close(got, F.cross_entropy(logits, targets, reduction="none").exp().mean()):
+    if close(got, F.cross_entropy(logits, targets, reduction="none").exp().mean()):
         return "exponentiate the mean loss, not the mean of per-token exponentials"
     return None
 
@@ -105,11 +95,11 @@ def _lr_cases(gen: torch.Generator) -> list[Case]:
 
 def _lr_hint(case: Case, got, expected) -> str | None:
     step, max_steps, lr, min_lr, warmup = case.args
-    if step < warmup and _close(got, lr * step / warmup):
+    if step < warmup and close(got, lr * step / warmup):
         return "warmup is off by one: step 0 should already get lr/warmup, so use (step + 1) / warmup"
-    if step >= max_steps and _close(got, lr):
+    if step >= max_steps and close(got, lr):
         return "after max_steps the rate stays at min_lr"
-    if step >= warmup and _close(got, 0.5 * (1 + math.cos(math.pi * (step - warmup) / (max_steps - warmup))) * lr):
+    if step >= warmup and close(got, 0.5 * (1 + math.cos(math.pi * (step - warmup) / (max_steps - warmup))) * lr):
         return "the cosine should end at min_lr, not 0: min_lr + 0.5·(1 + cos(π·progress))·(lr − min_lr)"
     return None
 
@@ -170,10 +160,10 @@ def _clip_hint(case: Case, got, expected) -> str | None:
     if not isinstance(got, (list, tuple)) or len(got) != len(gs):
         return None
     per_tensor = [g * min(1.0, max_norm / (g.norm() + 1e-6)) for g in gs]
-    if all(_close(a, b) for a, b in zip(got, per_tensor, strict=True)) and len(gs) > 1:
+    if all(close(a, b) for a, b in zip(got, per_tensor, strict=True)) and len(gs) > 1:
         return "each tensor was clipped on its own; use one global norm over all gradients together"
     total = torch.sqrt(sum((g ** 2).sum() for g in gs))
-    if all(_close(a, g * max_norm / total) for a, g in zip(got, gs, strict=True)) and total < max_norm:
+    if all(close(a, g * max_norm / total) for a, g in zip(got, gs, strict=True)) and total < max_norm:
         return "gradients below max_norm must stay unchanged: scale by min(1, max_norm / norm)"
     return None
 

@@ -1,0 +1,43 @@
+"""What the exercise references share: one test of an answer against a built alternative, and the
+builders of the wrong answers several lessons' hints look for (unscaled scores, the softmax over
+the wrong axis, the mask applied after the softmax)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+ATOL, RTOL = 1e-4, 1e-3  # the tolerance of a hint's comparison; the checker's own is in checks.compare
+
+
+def close(got: Any, alt: torch.Tensor | float) -> bool:
+    """Whether ``got`` equals ``alt`` (a reference, or a known wrong answer) up to the hint tolerance.
+
+    Tensors: same shape, floating point, equal to ATOL/RTOL (compared in float64, so bf16 answers
+    work). Numbers: relative 1e-4, absolute 1e-6; a one-element tensor counts as its number.
+    """
+    if isinstance(alt, torch.Tensor):
+        return (isinstance(got, torch.Tensor) and got.shape == alt.shape and got.is_floating_point()
+                and bool(torch.allclose(got.double(), alt.double(), atol=ATOL, rtol=RTOL)))
+    if isinstance(got, torch.Tensor) and got.numel() == 1:
+        got = got.item()
+    return isinstance(got, (int, float)) and math.isclose(got, alt, rel_tol=1e-4, abs_tol=1e-6)
+
+
+def attention_weights(q: torch.Tensor, k: torch.Tensor, *, scale: bool = True, softmax_dim: int = -1,
+                      keep: torch.Tensor | None = None, mask_after_softmax: bool = False) -> torch.Tensor:
+    """q (..., T, d_k), k (..., S, d_k) -> weights (..., T, S): softmax(q kᵀ / √d_k), or a usual mistake.
+
+    ``keep`` is a boolean mask (True = may attend) set to -inf before the softmax, or with
+    ``mask_after_softmax`` multiplied into the weights afterwards; ``scale=False`` leaves out √d_k;
+    ``softmax_dim=-2`` normalises over the queries instead of the keys.
+    """
+    scores = q @ k.transpose(-2, -1)
+    if scale:
+        scores = scores / math.sqrt(q.shape[-1])
+    if keep is not None and not mask_after_softmax:
+        scores = scores.masked_fill(~keep, float("-inf"))
+    weights = torch.softmax(scores, dim=softmax_dim)
+    return weights * keep if keep is not None and mask_after_softmax else weights
