@@ -28,6 +28,7 @@ html_title = project
 html_copy_source = False
 html_show_sourcelink = False
 html_theme_options = {
+    "logo": {"text": "Transformer course"},
     "navigation_with_keys": True,
     "show_toc_level": 2,
     "secondary_sidebar_items": ["page-toc", "notebook-download"],
