@@ -1,4 +1,4 @@
-"""The ``course`` command: doctor, run, assign, grade, train, sample."""
+"""The ``course`` command: doctor, run, assign, grade, train, sample, bench."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from course_tools import assign, doctor, grade, notebook_run
-from course_tools.commands import sample, train
+from course_tools.commands import bench, sample, train
 
 # subcommand -> the module that registers it with add_parser(subparsers)
 COMMANDS = {
@@ -16,6 +16,7 @@ COMMANDS = {
     "grade": grade,
     "train": train,
     "sample": sample,
+    "bench": bench,
 }
 
 

@@ -251,6 +251,18 @@ class MultiHeadAttention(nn.Module):
 
         return project(self.W_Q, self.d_k), project(self.W_K, self.d_k), project(self.W_V, self.d_v)
 
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (B, H, T, d_k), k (B, H, T, d_k), v (B, H, T, d_v) from one matmul with W_Q, W_K, W_V
+        stacked row-wise: the same numbers as ``split_heads(W_Q(x))`` etc. in a third of the calls."""
+        layers = (self.W_Q, self.W_K, self.W_V)
+        weight = torch.cat([layer.weight for layer in layers])
+        bias = None if self.W_Q.bias is None else torch.cat([layer.bias for layer in layers])
+        B, T = x.shape[:2]
+        qkv = F.linear(x, weight, bias).split([layer.out_features for layer in layers], dim=-1)
+        widths = (self.d_k, self.d_k, self.d_v)
+        q, k, v = (t.view(B, T, -1, d).transpose(1, 2) for t, d in zip(qkv, widths, strict=True))
+        return q, k, v
+
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False,
                 need_weights: bool = False, impl: str = "batched",
                 kv_cache: Cache | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -307,8 +319,11 @@ class MultiHeadAttention(nn.Module):
 
     def _forward_fused(self, x: torch.Tensor, mask: torch.Tensor | None, causal: bool, p: float,
                        kv_cache: Cache | None) -> torch.Tensor:
-        """PyTorch's fused kernel (flash / memory-efficient where available): out (B, T, D), no weights."""
-        q, k, v = self._project(x, kv_cache)
+        """PyTorch's fused kernel (flash / memory-efficient where available): out (B, T, D), no weights.
+        The fast path: one Q/K/V matmul (``project_qkv``) and reshapes without einops."""
+        q, k, v = self.project_qkv(x)  # (B, H, T, d)
+        if kv_cache is not None:
+            k, v = kv_cache.update(k, v)  # (B, H, S, d)
         T, S = q.shape[-2], k.shape[-2]
         if mask is not None:
             _check_mask(mask, torch.Size((*q.shape[:-2], T, S)))
@@ -319,4 +334,4 @@ class MultiHeadAttention(nn.Module):
             if full is not None and full.is_floating_point():
                 full = full.to(q.dtype)  # PyTorch's kernel wants a float mask in the dtype of q
             h = F.scaled_dot_product_attention(q, k, v, attn_mask=full, dropout_p=p)
-        return self.W_O(merge_heads(h))
+        return self.W_O(h.transpose(1, 2).flatten(2))  # merge_heads (B, T, H·d_v)

@@ -140,7 +140,7 @@ class GPT(nn.Module):
         x = self.drop(self.token_embedding(idx) + self.position_embedding(idx.shape[1], offset))  # (B, T, D)
         for i, block in enumerate(self.blocks):
             x = block(x, causal=True, kv_cache=None if kv_cache is None else kv_cache[i])
-        logits = F.linear(self.final_norm(x), self.token_embedding.weight)  # (B, T, V): tied to W_emb
+        logits = F.linear(self.final_norm.fused(x), self.token_embedding.weight)  # (B, T, V): tied to W_emb
         if targets is None:
             return logits, None
         if targets.shape != idx.shape:

@@ -1,4 +1,5 @@
-"""The training commands of ``course``: ``course train`` (``train.py``) and ``course sample`` (``sample.py``).
+"""The training commands of ``course``: ``course train`` (``train.py``), ``course sample`` (``sample.py``)
+and ``course bench`` (``bench.py``, training speed against a reference implementation).
 
 Each module registers its subcommand with ``add_parser(subparsers)``. A user's mistake (a missing,
 unreadable or wrong file, a text too short, a bad duration) ends in one line that names the fix,

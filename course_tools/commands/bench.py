@@ -1,0 +1,178 @@
+"""``course bench --cpu``: training speed of the course's GPT against Hugging Face's GPT-2 code.
+
+Both models get the same sizes, the same weights' shapes, float32, dropout 0, and the same AdamW;
+the reference runs PyTorch's tanh GELU kernel (``gelu_pytorch_tanh``, the function GPT-2 uses) and
+its scaled-dot-product attention, so the comparison is of the code, not of different maths.
+They are timed in one process and interleaved (a few steps of one, then of the other, the order
+alternating), so a neighbour's load slows both alike; the ratio is the median over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from course_tools.commands import fail
+from course_utils import gpt
+from course_utils.train import TrainConfig, make_optimizer
+
+
+PROG = "course bench"
+
+
+@dataclass(frozen=True)
+class BenchSize:
+    """One model size and batch: ``n_layers`` × ``d_model`` with ``n_heads`` heads, context ``max_len``."""
+
+    name: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    max_len: int
+    batch_size: int
+    vocab_size: int = 65
+
+
+SIZES = {
+    # the `course train --config cpu` model, and nanoGPT's shakespeare_char model (a smaller batch)
+    "cpu": BenchSize("cpu", 3, 128, 4, 64, 12),
+    "char": BenchSize("char", 6, 384, 6, 256, 4),
+    "tiny": BenchSize("tiny", 2, 32, 2, 16, 2),
+}
+
+
+def course_model(size: BenchSize) -> nn.Module:
+    """The course's GPT at ``size``; ``model(x)`` returns logits (B, T, V)."""
+    config = gpt.GPTConfig(size.vocab_size, size.max_len, size.n_layers, size.n_heads, size.d_model)
+    model = gpt.GPT(config)
+    return _LogitsOnly(model, lambda out: out[0])
+
+
+def reference_model(size: BenchSize) -> nn.Module:
+    """Hugging Face's ``GPT2LMHeadModel`` at ``size``; ``model(x)`` returns logits (B, T, V)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=size.vocab_size, n_positions=size.max_len, n_embd=size.d_model,
+                        n_layer=size.n_layers, n_head=size.n_heads, resid_pdrop=0.0, embd_pdrop=0.0,
+                        attn_pdrop=0.0, activation_function="gelu_pytorch_tanh", use_cache=False,
+                        bos_token_id=None, eos_token_id=None)
+    model = GPT2LMHeadModel(config, attn_implementation="sdpa") if _takes_attn_impl() else GPT2LMHeadModel(config)
+    return _LogitsOnly(model, lambda out: out.logits)
+
+
+def _takes_attn_impl() -> bool:
+    import inspect
+
+    from transformers import GPT2LMHeadModel
+
+    return "attn_implementation" in inspect.signature(GPT2LMHeadModel.__init__).parameters
+
+
+class _LogitsOnly(nn.Module):
+    """Wrap a model so both sides are called the same way: tokens (B, T) -> logits (B, T, V)."""
+
+    def __init__(self, model: nn.Module, logits) -> None:
+        super().__init__()
+        self.model, self._logits = model, logits
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self._logits(self.model(idx))
+
+
+class Trainer:
+    """One model, its AdamW and a fixed random batch: ``steps(n)`` runs n training steps, returns seconds."""
+
+    def __init__(self, model: nn.Module, size: BenchSize, seed: int = 0) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        shape = (size.batch_size, size.max_len)
+        self.x = torch.randint(size.vocab_size, shape, generator=gen)
+        self.y = torch.randint(size.vocab_size, shape, generator=gen)
+        self.model = model.train()
+        self.optimizer = make_optimizer(model, TrainConfig(), torch.device("cpu"))
+        self.tokens_per_step = self.x.numel()
+
+    def steps(self, n: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            logits = self.model(self.x)
+            loss = F.cross_entropy(logits.flatten(0, 1), self.y.flatten())
+            loss.backward()
+            nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        return time.perf_counter() - t0
+
+
+@dataclass
+class BenchResult:
+    size: str
+    threads: int
+    course_tokens_per_s: float
+    reference_tokens_per_s: float
+    ratio: float  # course / reference, median of the rounds' ratios
+
+
+def compare(size: BenchSize, threads: int, rounds: int = 5, steps: int = 5, warmup: int = 2) -> BenchResult:
+    """Interleaved timing of the two models at ``size`` with ``threads`` PyTorch threads."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(0)
+        ours, theirs = Trainer(course_model(size), size), Trainer(reference_model(size), size)
+        ours.steps(warmup)
+        theirs.steps(warmup)
+        speed: dict[str, list[float]] = {"ours": [], "theirs": []}
+        for r in range(rounds):
+            order = (("ours", ours), ("theirs", theirs)) if r % 2 == 0 else (("theirs", theirs), ("ours", ours))
+            for name, trainer in order:
+                speed[name].append(steps * trainer.tokens_per_step / trainer.steps(steps))
+    finally:
+        torch.set_num_threads(previous)
+    ratio = statistics.median(a / b for a, b in zip(speed["ours"], speed["theirs"], strict=True))
+    return BenchResult(size.name, threads, statistics.median(speed["ours"]), statistics.median(speed["theirs"]),
+                       ratio)
+
+
+def load_average() -> str:
+    """The 1-minute load average (runnable processes), or "n/a" where the OS does not report it."""
+    try:
+        return f"{os.getloadavg()[0]:.2f}"
+    except (AttributeError, OSError):
+        return "n/a"
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """``course bench --cpu``: print a table of tokens/s and the ratio per size and thread count."""
+    if not args.cpu:
+        return fail(PROG, ValueError("only the CPU benchmark exists so far; run `course bench --cpu`"))
+    unknown = [s for s in args.sizes if s not in SIZES]
+    if unknown:
+        return fail(PROG, ValueError(f"unknown size {unknown[0]!r}; choose from {', '.join(SIZES)}"))
+    print(f"load average before: {load_average()}")
+    print(f"{'size':<6}{'threads':>8}{'course tok/s':>14}{'HF GPT-2 tok/s':>16}{'ratio':>7}")
+    for name in args.sizes:
+        for threads in args.threads:
+            r = compare(SIZES[name], threads, rounds=args.rounds, steps=args.steps)
+            print(f"{r.size:<6}{r.threads:>8}{r.course_tokens_per_s:>14,.0f}{r.reference_tokens_per_s:>16,.0f}"
+                  f"{r.ratio:>7.2f}", flush=True)
+    print(f"load average after: {load_average()}")
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``course bench``."""
+    p = sub.add_parser("bench", help="training tokens/s of the course's GPT vs Hugging Face's GPT-2, same sizes")
+    p.add_argument("--cpu", action="store_true", help="run on the CPU (the only benchmark so far)")
+    p.add_argument("--sizes", nargs="+", default=["cpu", "char"], metavar="SIZE",
+                   help=f"sizes to compare ({', '.join(SIZES)}; default cpu char)")
+    p.add_argument("--threads", nargs="+", type=int, default=[1, 2], help="thread counts (default 1 2)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds per size (default 5)")
+    p.add_argument("--steps", type=int, default=5, help="training steps per model and round (default 5)")
+    p.set_defaults(func=run_bench)
