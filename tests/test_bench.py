@@ -7,8 +7,8 @@ import re
 import pytest
 import torch
 
-from course_tools.commands import bench
 from course_tools.cli import main as cli
+from course_tools.commands import bench
 
 
 def test_the_two_models_have_the_same_parameters():
@@ -35,6 +35,7 @@ def test_bench_prints_speeds_and_the_ratio(capsys):
 
 def test_bench_mistakes_are_one_line(capsys):
     assert cli(["bench"]) == 2
-    assert capsys.readouterr().err == "course bench: error: only the CPU benchmark exists so far; run `course bench --cpu`\n"
+    assert capsys.readouterr().err == ("course bench: error: only the CPU benchmark exists so far; "
+                                       "run `course bench --cpu`\n")
     assert cli(["bench", "--cpu", "--sizes", "huge"]) == 2
     assert capsys.readouterr().err.startswith("course bench: error: unknown size 'huge'; choose from cpu, char")

@@ -23,7 +23,6 @@ from course_tools.commands import fail
 from course_utils import gpt
 from course_utils.train import TrainConfig, make_optimizer
 
-
 PROG = "course bench"
 
 
