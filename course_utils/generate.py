@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from course_utils import runtime
 from course_utils.attention import ModelKVCache
 from course_utils.sampling import inverse_cdf
 
@@ -85,8 +86,9 @@ def sample_from_probs(probs: torch.Tensor, generator: torch.Generator | None = N
         raise ValueError(f"probs must be (B, V), got shape {tuple(probs.shape)}; use probs.view(-1, V)")
     if bool((probs < 0).any()) or not bool(torch.isfinite(probs).all()):
         raise ValueError("probs must be finite and non-negative; pass softmax(logits), not the logits")
+    exact = runtime.exact_dtype(probs.device)  # float64, or float32 on MPS (no float64 there)
     u = torch.rand(probs.shape[0], generator=generator, dtype=torch.float64, device="cpu")
-    return inverse_cdf(torch.cumsum(probs.double(), dim=-1), u.to(probs.device))
+    return inverse_cdf(torch.cumsum(probs.to(exact), dim=-1), u.to(probs.device, exact))
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,

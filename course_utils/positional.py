@@ -14,6 +14,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from course_utils import runtime
+
 
 class LearnedPositionalEmbedding(nn.Module):
     """Absolute positions as a trained table: position p gets row p of ``weight`` (N, D).
@@ -93,7 +95,7 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor | Sequence[int],
     if positions.ndim == 0 or positions.shape[-1] != x.shape[-2]:
         raise ValueError(f"positions must have one entry per token: last dimension {x.shape[-2]} "
                          f"(x has shape {tuple(x.shape)}), got shape {tuple(positions.shape)}")
-    exact = torch.float32 if x.device.type == "mps" else torch.float64  # MPS has no float64
+    exact = runtime.exact_dtype(x.device)
     omega = sinusoidal_frequencies(x.shape[-1], base).to(device=x.device, dtype=exact)
     angle = positions.to(exact)[..., None] * omega  # (..., T, d/2); float64 keeps large positions accurate
     cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)

@@ -41,6 +41,11 @@ def device() -> torch.device:
     return torch.device("cpu")
 
 
+def exact_dtype(device: torch.device | str) -> torch.dtype:
+    """The most precise float a device computes in: float64, except on MPS, which has none (float32)."""
+    return torch.float32 if torch.device(device).type == "mps" else torch.float64
+
+
 def seed_everything(seed: int = 0) -> torch.Generator:
     """Seed Python, NumPy and torch (all devices); returns a CPU generator seeded the same way."""
     random.seed(seed)

@@ -78,3 +78,9 @@ def test_no_lesson_or_module_has_a_device_policy_of_its_own():
     assert offenders == [], "use runtime.device() instead"
     source = (ROOT / "course_utils" / "train.py").read_text()
     assert source.count("cuda.is_available()") == 1  # the torchrun branch of setup_distributed
+
+
+def test_exact_arithmetic_falls_back_to_float32_only_on_mps():
+    """Sampling's cumulative sums and RoPE's angles use the device's most precise float."""
+    assert runtime.exact_dtype("mps") == torch.float32  # MPS has no float64
+    assert runtime.exact_dtype(torch.device("cuda", 1)) == runtime.exact_dtype("cpu") == torch.float64
