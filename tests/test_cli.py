@@ -137,3 +137,12 @@ def test_a_time_budget_too_short_for_one_step_reports_no_speed(tmp_path, capsys)
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert "nan" not in last and "no training step ran" in last and "--time-budget" in last
     assert last.startswith("step 0: val loss ")
+
+
+def test_train_resume_from_a_checkpoint_without_a_tokenizer(tmp_path, capsys, checkpoint):
+    state = train.load_checkpoint(checkpoint)
+    train.save_checkpoint(tmp_path / train.CHECKPOINT, {**state, "tokenizer": None})
+    (tmp_path / "text.txt").write_text(TEXT, encoding="utf-8")
+    line = one_line_error(capsys, ["train", "--data", str(tmp_path / "text.txt"), "--resume", "--out", str(tmp_path)])
+    assert "holds no tokenizer" in line and "without --resume" in line
+    assert "holds no tokenizer" in one_line_error(capsys, ["sample", "--ckpt", str(tmp_path / train.CHECKPOINT)])

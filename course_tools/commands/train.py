@@ -117,6 +117,9 @@ def prepare(args: argparse.Namespace) -> Job:
     changes = overrides(args)
     resume = train.load_checkpoint(out / train.CHECKPOINT) if args.resume else None
     if resume is not None:
+        if resume["tokenizer"] is None:
+            raise ValueError(f"{out / train.CHECKPOINT} holds no tokenizer (train.train was called without one); "
+                             "train afresh without --resume")
         tokenizer = load_tokenizer(resume["tokenizer"])
         mcfg = gpt.GPTConfig(**resume["model_config"])
         cfg = train.TrainConfig(**{**resume["train_config"], **changes})
