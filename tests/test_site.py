@@ -4,6 +4,7 @@ and search finds lesson 03 (docs/browser_check.py). In CI (CI=true) a missing Ch
 
 import importlib.util
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -35,6 +36,9 @@ def test_every_lesson_and_exercise_has_a_page_and_a_download(site):
         for nb in (ROOT / folder).glob("*.ipynb"):
             page = (site / folder / f"{nb.stem}.html").read_text(encoding="utf-8")
             assert f'href="{nb.stem}.ipynb"' in page and (site / folder / nb.name).exists()
+    lesson03 = (site / "notebooks" / "03_multi_head_attention.html").read_text(encoding="utf-8")
+    assert re.search(r'class="left-prev"\s+href="02_self_attention.html"', lesson03)
+    assert re.search(r'class="right-next"\s+href="04_ffn_residual_layernorm.html"', lesson03)
     home = (site / "index.html").read_text(encoding="utf-8")
     assert "Course map" in home and 'href="notebooks/03_multi_head_attention.html"' in home
 
