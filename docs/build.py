@@ -18,7 +18,8 @@ from urllib.parse import unquote, urlsplit
 
 DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
-PAGES = ["notebooks/*.ipynb", "notebooks/GLOSSARY.md", "exercises/*.ipynb", "CONTRIBUTING.md"]
+PAGES = ["notebooks/*.ipynb", "exercises/*.ipynb"]
+REFERENCE = ["notebooks/*.md", "*.md"]  # glossary, lecture maps, CONTRIBUTING: every Markdown page but the README
 VENDOR = {  # file or folder in docs/node_modules -> where the pages load it from (under _static/vendor)
     "mathjax/es5": "mathjax",
     "requirejs/require.js": "require.js",
@@ -37,10 +38,10 @@ HOME_NAV = """
 
 notebooks/index
 exercises/index
-notebooks/GLOSSARY
-CONTRIBUTING
+reference
 ```
 """
+REFERENCE_INTRO = "The glossary, the maps from the source texts to the lessons, and how lessons are written."
 
 
 class BuildError(Exception):
@@ -51,17 +52,24 @@ def lesson_names(folder: str) -> list[str]:
     return [f"{folder}/{p.stem}" for p in sorted((ROOT / folder).glob("*.ipynb"))]
 
 
+def reference_pages() -> list[Path]:
+    """The Markdown pages shown besides the lessons (the README is the home page)."""
+    return [p for pattern in REFERENCE for p in sorted(ROOT.glob(pattern)) if p.name != "README.md"]
+
+
 def stage(src: Path) -> None:
     """Copy the pages, the configuration and the vendored scripts into one Sphinx source folder."""
     if src.exists():
         shutil.rmtree(src)
-    for pattern in PAGES:
-        for path in ROOT.glob(pattern):
-            target = src / path.relative_to(ROOT)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, target)
+    for path in [p for pattern in PAGES for p in ROOT.glob(pattern)] + reference_pages():
+        target = src / path.relative_to(ROOT)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
     shutil.copy2(ROOT / "LICENSE", src / "LICENSE")
     (src / "index.md").write_text((ROOT / "README.md").read_text(encoding="utf-8") + HOME_NAV, encoding="utf-8")
+    reference = "\n".join(str(p.relative_to(ROOT).with_suffix("")) for p in reference_pages())
+    toctree = f"```{{toctree}}\n:maxdepth: 1\n\n{reference}\n```\n"
+    (src / "reference.md").write_text(f"# Reference\n\n{REFERENCE_INTRO}\n\n{toctree}", encoding="utf-8")
     for folder, (title, intro) in SECTIONS.items():
         pages = "\n".join(Path(name).name for name in lesson_names(folder))
         toctree = f"```{{toctree}}\n:maxdepth: 1\n\n{pages}\n```\n"
