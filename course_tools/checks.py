@@ -19,6 +19,13 @@ import torch
 
 PASS, FAIL, NOT_ATTEMPTED, ERROR = "pass", "fail", "not attempted", "error"
 
+STRICT = os.environ.get("NBGRADER_EXECUTION") in ("autograde", "validate") or \
+    os.environ.get("COURSE_CHECKS_STRICT") == "1"
+"""Whether failing checks raise. Decided once, when this module is first imported: nbgrader sets
+``NBGRADER_EXECUTION`` while it autogrades or validates, so check cells raise there without any
+set-up, and an answer cell that changes the environment later changes nothing.
+``COURSE_CHECKS_STRICT=1`` turns it on elsewhere; nothing turns it off."""
+
 
 @dataclass(frozen=True)
 class Case:
@@ -98,51 +105,71 @@ def _fmt(x: float) -> str:
     return f"{x:.3g}"
 
 
+def _compare_exact(got: torch.Tensor, expected: torch.Tensor) -> tuple[bool, str]:
+    if expected.dtype == torch.bool and got.dtype != torch.bool:
+        return False, f"expected a bool tensor, got dtype {got.dtype}"
+    wrong = int((got.to(expected.dtype) != expected).sum())
+    if wrong:
+        return False, f"{wrong} of {expected.numel()} entries differ"
+    return True, f"shape {tuple(expected.shape)}, all entries equal"
+
+
+def _compare_close(got: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float) -> tuple[bool, str]:
+    g, e = got.detach().double(), expected.detach().double()
+    nan_g, nan_e = torch.isnan(g), torch.isnan(e)
+    if not torch.equal(nan_g, nan_e):
+        return False, f"NaN in {int(nan_g.sum())} entries where the reference has {int(nan_e.sum())}"
+    g, e = torch.where(nan_e, 0.0, g), torch.where(nan_e, 0.0, e)
+    err = (g - e).abs()
+    max_err = float(err.max()) if err.numel() else 0.0
+    if bool((err <= atol + rtol * e.abs()).all()):
+        return True, f"shape {tuple(expected.shape)}, max error within {atol:g}"
+    return False, f"shape {tuple(expected.shape)} ok, but max error {_fmt(max_err)} (tolerance {atol:g})"
+
+
+def _compare_tensor(got: Any, expected: torch.Tensor, atol: float, rtol: float) -> tuple[bool, str]:
+    if not isinstance(got, torch.Tensor):
+        return False, f"expected a {_describe(expected)}, got {_describe(got)}"
+    if got.shape != expected.shape:
+        return False, f"expected shape {tuple(expected.shape)}, got {tuple(got.shape)}"
+    if expected.dtype == torch.bool or not expected.is_floating_point():
+        return _compare_exact(got, expected)
+    return _compare_close(got, expected, atol, rtol)
+
+
+def _compare_sequence(got: Any, expected: tuple | list, atol: float, rtol: float) -> tuple[bool, str]:
+    if not isinstance(got, (tuple, list)) or len(got) != len(expected):
+        return False, f"expected a {_describe(expected)}, got {_describe(got)}"
+    details = []
+    for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+        ok, detail = compare(g, e, atol, rtol)
+        if not ok:
+            return False, f"item {i}: {detail}"
+        details.append(detail)
+    return True, "; ".join(details) if len(details) <= 2 else f"all {len(details)} items match"
+
+
+def _compare_number(got: Any, expected: int | float, atol: float, rtol: float) -> tuple[bool, str]:
+    if isinstance(got, torch.Tensor) and got.numel() == 1:
+        got = got.item()
+    if not isinstance(got, (int, float)) or isinstance(got, bool):
+        return False, f"expected a number, got {_describe(got)}"
+    if isinstance(expected, int) and not isinstance(got, float):
+        return got == expected, f"expected {expected}, got {got}"
+    ok = math.isclose(got, expected, rel_tol=rtol, abs_tol=atol)
+    return ok, (f"value within {atol:g}" if ok else f"expected {_fmt(expected)}, got {_fmt(got)}")
+
+
 def compare(got: Any, expected: Any, atol: float, rtol: float) -> tuple[bool, str]:
     """Compare an answer with the reference; return (ok, one-line detail)."""
     if isinstance(expected, torch.Tensor):
-        if not isinstance(got, torch.Tensor):
-            return False, f"expected a {_describe(expected)}, got {_describe(got)}"
-        if got.shape != expected.shape:
-            return False, f"expected shape {tuple(expected.shape)}, got {tuple(got.shape)}"
-        if expected.dtype == torch.bool or not expected.is_floating_point():
-            if expected.dtype == torch.bool and got.dtype != torch.bool:
-                return False, f"expected a bool tensor, got dtype {got.dtype}"
-            wrong = int((got.to(expected.dtype) != expected).sum())
-            if wrong:
-                return False, f"{wrong} of {expected.numel()} entries differ"
-            return True, f"shape {tuple(expected.shape)}, all entries equal"
-        g, e = got.detach().double(), expected.detach().double()
-        nan_g, nan_e = torch.isnan(g), torch.isnan(e)
-        if not torch.equal(nan_g, nan_e):
-            return False, f"NaN in {int(nan_g.sum())} entries where the reference has {int(nan_e.sum())}"
-        g, e = torch.where(nan_e, 0.0, g), torch.where(nan_e, 0.0, e)
-        err = (g - e).abs()
-        max_err = float(err.max()) if err.numel() else 0.0
-        if bool((err <= atol + rtol * e.abs()).all()):
-            return True, f"shape {tuple(expected.shape)}, max error within {atol:g}"
-        return False, f"shape {tuple(expected.shape)} ok, but max error {_fmt(max_err)} (tolerance {atol:g})"
+        return _compare_tensor(got, expected, atol, rtol)
     if isinstance(expected, (tuple, list)):
-        if not isinstance(got, (tuple, list)) or len(got) != len(expected):
-            return False, f"expected a {_describe(expected)}, got {_describe(got)}"
-        details = []
-        for i, (g, e) in enumerate(zip(got, expected, strict=True)):
-            ok, detail = compare(g, e, atol, rtol)
-            if not ok:
-                return False, f"item {i}: {detail}"
-            details.append(detail)
-        return True, "; ".join(details) if len(details) <= 2 else f"all {len(details)} items match"
+        return _compare_sequence(got, expected, atol, rtol)
     if isinstance(expected, bool) or isinstance(expected, str) or expected is None:
         return (got == expected), f"expected {expected!r}, got {got!r}"
     if isinstance(expected, (int, float)):
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = got.item()
-        if not isinstance(got, (int, float)) or isinstance(got, bool):
-            return False, f"expected a number, got {_describe(got)}"
-        if isinstance(expected, int) and not isinstance(got, float):
-            return got == expected, f"expected {expected}, got {got}"
-        ok = math.isclose(got, expected, rel_tol=rtol, abs_tol=atol)
-        return ok, (f"value within {atol:g}" if ok else f"expected {_fmt(expected)}, got {_fmt(got)}")
+        return _compare_number(got, expected, atol, rtol)
     ok = got == expected
     return bool(ok), f"expected {expected!r}, got {got!r}"
 
@@ -194,15 +221,16 @@ def error_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
-def judge(ex: Exercise, case: Case, got: Any, expected: Any) -> Outcome:
-    """Compare one answer with the reference and phrase the result, with a hint if one fits."""
+def judge(ex: Exercise, case: Case, got: Any, expected: Any, hints: bool = True) -> Outcome:
+    """Compare one answer with the reference and phrase the result, with a hint if one fits
+    (``hints=False``: none tried, for answers too large to hand to a hint)."""
     try:
         ok, detail = compare(got, expected, ex.atol, ex.rtol)
     except Exception as exc:  # a malformed answer must not crash the check
         ok, detail = False, f"could not compare: {error_line(exc)}"
     if ok:
         return Outcome(PASS, f"  ✓ {case.label}: {detail}")
-    for hint in ex.hints:
+    for hint in ex.hints if hints else ():
         try:
             text = hint(case, got, expected)
         except Exception:
@@ -254,7 +282,7 @@ def run(name: str, fn: Callable, seed: int | None = None) -> CheckResult:
 
 
 class CheckFailed(AssertionError):
-    """Raised in strict mode (``COURSE_CHECKS_STRICT=1``, e.g. under nbgrader) by a failing check.
+    """Raised in strict mode (under nbgrader, or ``COURSE_CHECKS_STRICT=1``) by a failing check.
     IPython shows only this one line instead of a traceback."""
 
     def _render_traceback_(self) -> list[str]:
@@ -272,7 +300,7 @@ class _Checker:
         def checker(fn: Callable, seed: int | None = None) -> None:
             result = run(name, fn, seed)
             print(result.report())
-            if os.environ.get("COURSE_CHECKS_STRICT") == "1" and result.status != PASS:
+            if STRICT and result.status != PASS:
                 raise CheckFailed(result.summary())
 
         checker.__name__ = name

@@ -12,8 +12,8 @@ import nbformat
 import pandas as pd
 import pytest
 
-from course_tools import grade
 from course_tools.cli import main
+from course_tools.grading import submission as reading
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSON = "00_setup"
@@ -229,7 +229,7 @@ def test_bad_files_get_a_row_with_a_clear_status(graded, name, status):
 def test_gradebook_has_one_row_per_submission(graded):
     book = pd.read_csv(graded["out"] / "gradebook.csv")
     assert len(book) == len(SUBMISSIONS) + len(BAD_FILES)
-    assert list(book.columns) == ["student", "file", "lesson", *POINTS, "total", "max", "status"]
+    assert list(book.columns) == ["student", "file", "lesson", *POINTS, "total", "max", "status", "flags", "sandbox"]
     assert book.set_index("student").loc["full", "total"] == 4
 
 
@@ -245,7 +245,8 @@ def test_grader_fails_only_when_it_cannot_run(tmp_path):
 
 def test_rebuild_keeps_pristine_cells_and_drops_checks(tmp_path):
     tampered = submission({"flatten_tokens": WRONG_FLATTEN}, edit=tamper_checks)
-    rebuilt, problems, _ = grade.rebuild(EXERCISE, tampered, tmp_path, memory_mb=0)
+    parsed = reading.parse(json.dumps(tampered).encode())
+    rebuilt, problems, _ = reading.rebuild(EXERCISE, parsed, "SETUP")
     sources = [c.source for c in rebuilt.cells if c.cell_type == "code"]
     assert not problems and WRONG_FLATTEN in sources
     assert not any(f"check.{name}(" in s or "REGISTRY" in s for s in sources for name in POINTS)

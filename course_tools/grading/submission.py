@@ -1,0 +1,162 @@
+"""Reading a submitted notebook without trusting it, and rebuilding it for grading.
+
+A submission is only read for two things: the lesson it claims and the source of each answer
+cell. Size and cell count are checked before the JSON is parsed, every field is type-checked, and
+every problem becomes a ``SubmissionError`` whose message is the student's status line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+
+import nbformat
+
+from course_tools.grading.text import clean
+
+MAX_BYTES = 16 * 2**20
+MAX_CELLS = 2000
+MAX_SOURCE = 200_000  # characters per answer cell
+GRADER_CELL = "course_grade"  # metadata key on the cells the grader adds or times
+# Naming the references in an answer cell is flagged even when the import is hidden at run time.
+REFERENCE_NAMES = re.compile(r"course_tools\s*\.\s*references|course_utils\s*\.\s*exercises|\breferences\s*\.\s*lesson")
+
+
+class SubmissionError(ValueError):
+    """A file that cannot be graded as a submission; the message is the report line."""
+
+
+@dataclass
+class Parsed:
+    """What the grader takes from a submission: the claimed lesson and answer sources by grade_id."""
+
+    lesson: str | None
+    answers: dict[str, list[str]] = field(default_factory=dict)
+
+
+def read_bytes(path: str, limit: int = MAX_BYTES) -> bytes:
+    """A regular file's bytes, refusing links, pipes, devices and anything over ``limit``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise SubmissionError(f"unreadable file ({type(exc).__name__})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise SubmissionError("not a regular file")
+        if info.st_size > limit:
+            raise SubmissionError(f"file too large ({info.st_size} bytes; limit {limit})")
+        return os.read(fd, limit + 1)
+    finally:
+        os.close(fd)
+
+
+def _source(cell: dict) -> str:
+    source = cell.get("source", "")
+    if isinstance(source, list) and all(isinstance(s, str) for s in source):
+        source = "".join(source)
+    if not isinstance(source, str):
+        raise SubmissionError("a cell's source is neither text nor a list of lines")
+    return source
+
+
+def _answer_id(cell: object) -> str | None:
+    """The grade_id of an answer cell (nbgrader ``solution`` metadata), else None; wrong types raise."""
+    if not isinstance(cell, dict):
+        raise SubmissionError("a cell is not a JSON object")
+    meta = cell.get("metadata", {})
+    nbg = meta.get("nbgrader") if isinstance(meta, dict) else None
+    if nbg is None or not isinstance(nbg, dict):
+        return None  # plain cells, and nbgrader metadata that is not an object, are simply not answers
+    grade_id = nbg.get("grade_id")
+    if nbg.get("solution") is not True or not isinstance(grade_id, str) or not grade_id:
+        return None
+    return grade_id[:200]
+
+
+def parse(raw: bytes) -> Parsed:
+    """The lesson and answer cells of a notebook file's bytes, or SubmissionError."""
+    if not raw.strip():
+        raise SubmissionError("empty file")
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise SubmissionError(f"not JSON ({type(exc).__name__}): not a notebook file") from None
+    if not isinstance(data, dict) or not isinstance(data.get("cells"), list) or "nbformat" not in data:
+        raise SubmissionError("JSON but not a Jupyter notebook (no cells/nbformat)")
+    if len(data["cells"]) > MAX_CELLS:
+        raise SubmissionError(f"too many cells ({len(data['cells'])}; limit {MAX_CELLS})")
+    meta = data.get("metadata")
+    course = meta.get("course") if isinstance(meta, dict) else None
+    lesson = course.get("lesson") if isinstance(course, dict) else None
+    parsed = Parsed(lesson if isinstance(lesson, str) else None)
+    for cell in data["cells"]:
+        grade_id = _answer_id(cell)
+        if grade_id is not None:
+            source = _source(cell)
+            if len(source) > MAX_SOURCE:
+                raise SubmissionError(f"answer cell {clean(grade_id, 60)!r} too long ({len(source)} characters)")
+            parsed.answers.setdefault(grade_id, []).append(source)
+    return parsed
+
+
+def exercise_cells(nb: nbformat.NotebookNode) -> tuple[list[str], dict[str, float]]:
+    """A pristine notebook's answer grade_ids, and each graded exercise's points by name."""
+    answers: list[str] = []
+    points: dict[str, float] = {}
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("nbgrader") or {}
+        grade_id = meta.get("grade_id")
+        if meta.get("solution") and grade_id:
+            answers.append(grade_id)
+        elif meta.get("grade") and grade_id and grade_id.endswith("_check"):
+            points[grade_id[: -len("_check")]] = float(meta.get("points", 0))
+    return answers, points
+
+
+def identify_lesson(parsed: Parsed, pristine: dict[str, nbformat.NotebookNode]) -> str:
+    """The lesson from the metadata ``course assign`` writes, else from the answer cells' ids."""
+    if parsed.lesson in pristine:
+        return parsed.lesson
+    ids = set(parsed.answers)
+    matches = [name for name, nb in pristine.items() if ids and ids <= set(exercise_cells(nb)[0])]
+    if len(matches) == 1:
+        return matches[0]
+    named = f" {clean(parsed.lesson, 60)!r}" if parsed.lesson else ""
+    raise SubmissionError(f"unknown lesson{named}: no exercise notebook matches its answer cells")
+
+
+def names_references(parsed: Parsed) -> bool:
+    """Whether any answer cell names the exercise references (flagged in the gradebook)."""
+    return any(REFERENCE_NAMES.search(s) for sources in parsed.answers.values() for s in sources)
+
+
+def rebuild(pristine: nbformat.NotebookNode, parsed: Parsed, setup: str) -> tuple[nbformat.NotebookNode,
+                                                                                     dict[str, str], dict[str, int]]:
+    """The pristine notebook with the learner's answer cells in, check cells out, ``setup`` first.
+    Returns (notebook, problem per exercise, index of each exercise's answer cell). Answer cells
+    are marked to run under the per-cell time limit."""
+    problems: dict[str, str] = {}
+    cells = [nbformat.v4.new_code_cell(setup)]
+    answer_index: dict[str, int] = {}
+    for cell in pristine.cells:
+        meta = cell.get("metadata", {}).get("nbgrader") or {}
+        if meta.get("grade") and not meta.get("solution"):
+            continue  # the check cells: the grader does the checking
+        cell = nbformat.from_dict(dict(cell))
+        grade_id = meta.get("grade_id")
+        if meta.get("solution") and grade_id:
+            found = parsed.answers.get(grade_id, [])
+            if len(found) == 1:
+                cell.source = found[0]
+            elif not found:
+                problems[grade_id] = "missing answer cell"
+            else:
+                problems[grade_id] = f"{len(found)} answer cells with grade_id {grade_id!r}"
+            cell.metadata = {**cell.metadata, GRADER_CELL: "timed"}
+            answer_index[grade_id] = len(cells)
+        cells.append(cell)
+    return nbformat.v4.new_notebook(cells=cells, metadata=pristine.metadata), problems, answer_index
