@@ -40,7 +40,7 @@ from course_tools.grading.text import clean
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_EXERCISES = ROOT / "exercises"
-WALL_GRACE = 30  # seconds past the notebook limit before the sandbox is ended from outside
+WALL_GRACE = 15  # seconds past the notebook limit before the sandbox is ended from outside
 REFERENCE_FLAG = "tried to use the exercise references"
 SETUP = """import course_tools.grading.kernel_side as _course_grading
 _course_answer = _course_grading.Answerer({jobdir!r}, globals())

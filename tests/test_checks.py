@@ -1,5 +1,9 @@
 """The checks that exercise cells use: verdicts, one-line messages, hints, strict mode."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from einops import rearrange
@@ -56,11 +60,36 @@ def test_answers_cannot_corrupt_the_reference_inputs():
 
 
 def test_strict_mode_raises_a_one_line_error(monkeypatch, capsys):
-    monkeypatch.setenv("COURSE_CHECKS_STRICT", "1")
+    monkeypatch.setattr(checks, "STRICT", True)
     with pytest.raises(checks.CheckFailed) as info:
         check.flatten_tokens(lambda x: x)
     assert info.value._render_traceback_() == [f"CheckFailed: {info.value}"]
     check.flatten_tokens(checks.get("flatten_tokens").reference)  # a pass raises nothing
+
+
+UNDER_NBGRADER = """
+import os
+from course_tools.checks import check, CheckFailed
+os.environ["COURSE_CHECKS_STRICT"] = "0"  # what an answer cell could do
+os.environ.pop("NBGRADER_EXECUTION", None)
+try:
+    check.flatten_tokens(lambda x: x)
+except CheckFailed:
+    print("raised")
+"""
+
+
+@pytest.mark.parametrize("env, raises", [
+    ({"NBGRADER_EXECUTION": "autograde"}, True), ({"NBGRADER_EXECUTION": "validate", "NBGRADER_VALIDATING": "1"}, True),
+    ({"COURSE_CHECKS_STRICT": "1"}, True), ({}, False), ({"NBGRADER_EXECUTION": "autograde",
+                                                          "COURSE_CHECKS_STRICT": "0"}, True),
+])
+def test_nbgrader_is_detected_once_at_import_and_cannot_be_switched_off(env, raises):
+    clean = {k: v for k, v in os.environ.items() if k not in ("NBGRADER_EXECUTION", "COURSE_CHECKS_STRICT")}
+    done = subprocess.run([sys.executable, "-c", UNDER_NBGRADER], env=clean | env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert ("raised" in done.stdout.splitlines()) is raises, done.stdout
 
 
 def test_unknown_exercise_lists_the_known_ones():

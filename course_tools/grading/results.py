@@ -77,10 +77,11 @@ def load_results(data: bytes) -> dict:
         raise ContractError(f"the answer returned something other than tensors or numbers ({type(exc).__name__})") \
             from None
     results = _check_value(loaded)
-    if not isinstance(results, dict) or results.get("kind") not in ("cases", "missing", "timeout"):
+    kind = results.get("kind") if type(results) is dict else None
+    if type(kind) is not str or kind not in ("cases", "missing", "timeout"):
         raise ContractError("malformed results")
-    if results["kind"] == "cases" and type(results.get("results")) is not list:
+    if kind == "cases" and type(results.get("results")) is not list:
         raise ContractError("malformed results")
-    if results["kind"] == "missing" and type(results.get("function")) is not str:
+    if kind == "missing" and type(results.get("function")) is not str:
         raise ContractError("malformed results")
     return results

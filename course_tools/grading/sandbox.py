@@ -255,7 +255,7 @@ class Sandbox:
             args += ["--ro-bind", data, data]
         if jobdir is not None:
             args += ["--ro-bind", str(jobdir), JOB, "--size", str(self.caps.out_mb * 2**20), "--tmpfs", f"{JOB}/out"]
-        return [*args, "--chdir", HOME]
+        return [*args, "--remount-ro", "/", "--chdir", HOME]
 
     def job_settings(self, jobdir: Path) -> dict:
         """What the worker needs to know about where it runs and which per-process limits to set."""
