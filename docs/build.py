@@ -1,7 +1,8 @@
 """Build the course website: ``python docs/build.py [--out DIR]`` (default ``docs/_build/html``).
 
 The README becomes the home page, each notebook of ``notebooks/`` and ``exercises/`` a page with its
-stored outputs and a download link, and the glossary a page. MathJax and the widget manager come from
+stored outputs and a download link, and every other Markdown page (glossary, lecture maps,
+CONTRIBUTING) a page under Reference. MathJax and the widget manager come from
 the npm registry (``docs/package-lock.json``) and are served by the site itself, so a page needs no
 network. The build fails on any Sphinx warning, a missing lesson page or a broken internal link.
 """
