@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
+from course_utils.positional import alibi_bias, apply_rope
+
 IMPLS = ("loop", "batched", "fused")
 
 
@@ -160,7 +162,10 @@ class SelfAttentionHead(nn.Module):
 
 
 class Cache(Protocol):
-    """What ``MultiHeadAttention`` needs from a KV cache (``KVCache`` below is the simplest one)."""
+    """What ``MultiHeadAttention`` needs from a KV cache (``KVCache`` below is the simplest one):
+    its number of positions (where RoPE continues counting) and ``update``."""
+
+    def __len__(self) -> int: ...
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
@@ -216,40 +221,78 @@ def _check_impl(impl: str, need_weights: bool, kv_cache: Cache | None) -> None:
 class MultiHeadAttention(nn.Module):
     """m heads, each with its own slice W_Q^i, W_K^i, W_V^i of W_Q, W_K, W_V; concat(H_1..H_m) W_O.
 
-    W_Q, W_K: D -> H·d_k, W_V: D -> H·d_v, W_O: H·d_v -> D. d_k = d_v = D / H unless given.
+    W_Q: D -> H·d_k, W_K: D -> H_kv·d_k, W_V: D -> H_kv·d_v, W_O: H·d_v -> D; d_k = d_v = D / H
+    unless given. ``n_kv_heads`` H_kv < H is grouped-query attention (1 is multi-query): query head
+    i reads key/value head i // (H / H_kv), so a KV cache stores only H_kv heads.
+    ``rope_base`` rotates q and k by their positions (RoPE); ``alibi`` adds ALiBi's distance bias.
     The three ``impl`` paths compute the same function with the same parameters:
     ``"loop"`` one head at a time (the lecture notes), ``"batched"`` all heads in one matmul,
     ``"fused"`` PyTorch's fused kernel (fastest, returns no weights).
     """
 
     def __init__(self, d_model: int, n_heads: int, d_k: int | None = None, d_v: int | None = None,
-                 bias: bool = True, dropout: float = 0.0) -> None:
+                 bias: bool = True, dropout: float = 0.0, n_kv_heads: int | None = None,
+                 rope_base: float | None = None, alibi: bool = False) -> None:
         super().__init__()
         if n_heads < 1:
             raise ValueError(f"n_heads must be at least 1, got {n_heads}")
         if (d_k is None or d_v is None) and d_model % n_heads:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}; pick a number of "
                              "heads that divides d_model, or pass d_k and d_v explicitly")
-        self.d_model, self.n_heads = d_model, n_heads
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if n_kv_heads < 1 or n_heads % n_kv_heads:
+            raise ValueError(f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads} (each key/value head "
+                             "serves the same number of query heads); use a divisor such as 1 or n_heads")
+        if rope_base is not None and alibi:
+            raise ValueError("use either RoPE (rope_base) or ALiBi (alibi=True), not both")
+        self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.d_k = d_k or d_model // n_heads
         self.d_v = d_v or d_model // n_heads
         self.dropout = dropout
+        self.rope_base, self.alibi = rope_base, alibi
         self.W_Q = nn.Linear(d_model, n_heads * self.d_k, bias=bias)
-        self.W_K = nn.Linear(d_model, n_heads * self.d_k, bias=bias)
-        self.W_V = nn.Linear(d_model, n_heads * self.d_v, bias=bias)
+        self.W_K = nn.Linear(d_model, n_kv_heads * self.d_k, bias=bias)
+        self.W_V = nn.Linear(d_model, n_kv_heads * self.d_v, bias=bias)
         self.W_O = nn.Linear(n_heads * self.d_v, d_model, bias=bias)
 
+    @property
+    def group_size(self) -> int:
+        """Query heads per key/value head: 1 for multi-head, n_heads for multi-query attention."""
+        return self.n_heads // self.n_kv_heads
+
     def head_projections(self, x: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q_i (B, T, d_k), k_i (B, T, d_k), v_i (B, T, d_v) of head i: its rows of W_Q, W_K, W_V."""
+        """q_i (B, T, d_k), k_i (B, T, d_k), v_i (B, T, d_v) of head i: its rows of W_Q, and the rows
+        of W_K, W_V of the key/value head it shares (i // group_size); RoPE applied if on."""
         if not 0 <= i < self.n_heads:
             raise IndexError(f"head index {i} out of range for n_heads={self.n_heads}")
 
-        def project(layer: nn.Linear, width: int) -> torch.Tensor:
-            rows = slice(i * width, (i + 1) * width)
+        def project(layer: nn.Linear, width: int, j: int) -> torch.Tensor:
+            rows = slice(j * width, (j + 1) * width)
             bias = None if layer.bias is None else layer.bias[rows]
             return F.linear(x, layer.weight[rows], bias)
 
-        return project(self.W_Q, self.d_k), project(self.W_K, self.d_k), project(self.W_V, self.d_v)
+        j = i // self.group_size
+        q, k = self._rotate(project(self.W_Q, self.d_k, i), project(self.W_K, self.d_k, j), offset=0)
+        return q, k, project(self.W_V, self.d_v, j)
+
+    def _rotate(self, q: torch.Tensor, k: torch.Tensor, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE on q (..., T, d_k) and k (..., T, d_k) at positions offset .. offset + T − 1 (if on)."""
+        if self.rope_base is None:
+            return q, k
+        positions = torch.arange(offset, offset + q.shape[-2], device=q.device)
+        return apply_rope(q, positions, self.rope_base), apply_rope(k, positions, self.rope_base)
+
+    def _with_alibi(self, mask: torch.Tensor | None, T: int, S: int, device: torch.device,
+                    dtype: torch.dtype) -> torch.Tensor | None:
+        """The user's mask plus ALiBi's bias (1, H, T, S) when on; a bool mask becomes 0 / −inf first."""
+        if not self.alibi:
+            return mask
+        bias = alibi_bias(self.n_heads, T, S).to(device=device, dtype=dtype)[None]  # (1, H, T, S)
+        if mask is None:
+            return bias
+        if mask.dtype == torch.bool:
+            return torch.where(mask, bias, float("-inf"))
+        return mask.to(dtype) + bias
 
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q (B, H, T, d_k), k (B, H, T, d_k), v (B, H, T, d_v) from one matmul with W_Q, W_K, W_V
@@ -292,6 +335,7 @@ class MultiHeadAttention(nn.Module):
         B, T = x.shape[:2]
         if mask is not None:
             _check_mask(mask, torch.Size((B, self.n_heads, T, T)))
+        mask = self._with_alibi(mask, T, T, x.device, x.dtype)
         heads, weights = [], []
         for i in range(self.n_heads):
             mask_i = mask[:, min(i, mask.shape[1] - 1)] if mask is not None and mask.ndim == 4 else mask
@@ -303,18 +347,29 @@ class MultiHeadAttention(nn.Module):
         return out, torch.stack(weights, dim=1)
 
     def _project(self, x: torch.Tensor, kv_cache: Cache | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """All heads at once: q (B, H, T, d_k), and k, v (B, H, S, d) including any cached positions."""
+        """All heads at once: q (B, H, T, d_k), and k, v (B, H, S, d) including any cached positions.
+
+        The cache receives the H_kv key/value heads (after RoPE); each is then repeated for the
+        group_size query heads that read it.
+        """
         q = split_heads(self.W_Q(x), self.n_heads)
-        k = split_heads(self.W_K(x), self.n_heads)
-        v = split_heads(self.W_V(x), self.n_heads)
+        k = split_heads(self.W_K(x), self.n_kv_heads)  # (B, H_kv, T, d_k)
+        v = split_heads(self.W_V(x), self.n_kv_heads)
+        q, k = self._rotate(q, k, offset=0 if kv_cache is None else len(kv_cache))
         if kv_cache is not None:
-            k, v = kv_cache.update(k, v)
+            k, v = kv_cache.update(k, v)  # (B, H_kv, S, d)
+        if self.group_size > 1:
+            k, v = k.repeat_interleave(self.group_size, dim=1), v.repeat_interleave(self.group_size, dim=1)
         return q, k, v
 
     def _forward_batched(self, x: torch.Tensor, mask: torch.Tensor | None, causal: bool, p: float,
                          kv_cache: Cache | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Every head in one batched matmul: (out (B, T, D), weights (B, H, T, S))."""
-        h, weights = scaled_dot_product_attention(*self._project(x, kv_cache), mask, causal, dropout_p=p)
+        q, k, v = self._project(x, kv_cache)
+        if mask is not None:
+            _check_mask(mask, torch.Size((*q.shape[:-2], q.shape[-2], k.shape[-2])))
+        mask = self._with_alibi(mask, q.shape[-2], k.shape[-2], x.device, q.dtype)
+        h, weights = scaled_dot_product_attention(q, k, v, mask, causal, dropout_p=p)
         return self.W_O(merge_heads(h)), weights
 
     def _forward_fused(self, x: torch.Tensor, mask: torch.Tensor | None, causal: bool, p: float,
@@ -327,6 +382,7 @@ class MultiHeadAttention(nn.Module):
         T, S = q.shape[-2], k.shape[-2]
         if mask is not None:
             _check_mask(mask, torch.Size((*q.shape[:-2], T, S)))
+        mask = self._with_alibi(mask, T, S, x.device, q.dtype)
         if causal and mask is None and T == S:
             h = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         else:

@@ -15,6 +15,7 @@ from torch import nn
 from course_utils.attention import MultiHeadAttention
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
+NORMS = ("layernorm", "rmsnorm", "none")
 
 
 def _check_activation(activation: str) -> None:
@@ -147,38 +148,79 @@ class RMSNorm(nn.Module):
         return f"{self.d}, eps={self.eps}"
 
 
-def block_parameter_count(d_model: int, d_ff: int | None = None, activation: str = "gelu",
-                          bias: bool = True) -> int:
-    """Trainable parameters of one ``TransformerBlock`` (H·d_k = D) by formula.
+def make_norm(kind: str, d: int, eps: float = 1e-5) -> nn.Module:
+    """The normalisation named ``kind`` over vectors of size d: LayerNorm, RMSNorm or none (identity)."""
+    if kind == "layernorm":
+        return LayerNorm(d, eps)
+    if kind == "rmsnorm":
+        return RMSNorm(d, eps)
+    if kind == "none":
+        return nn.Identity()
+    raise ValueError(f"norm={kind!r} is not known; use one of {', '.join(NORMS)}")
 
-    Attention: W_Q, W_K, W_V, W_O are D×D (4D² + 4D biases); two LayerNorms: 4D; the MLP as in
-    ``feedforward_parameter_count``. GPT-2's layout (F = 4D, GELU, biases) gives 12D² + 13D.
+
+def norm_parameter_count(kind: str, d: int) -> int:
+    """LayerNorm has γ and β (2d), RMSNorm only γ (d), no normalisation nothing."""
+    if kind not in NORMS:
+        raise ValueError(f"norm={kind!r} is not known; use one of {', '.join(NORMS)}")
+    return {"layernorm": 2 * d, "rmsnorm": d, "none": 0}[kind]
+
+
+def attention_parameter_count(d_model: int, n_heads: int = 1, n_kv_heads: int | None = None,
+                              bias: bool = True) -> int:
+    """``MultiHeadAttention(d_model, n_heads, n_kv_heads=..., bias=...)`` by formula (d_k = D/H).
+
+    W_Q and W_O are D×D; W_K and W_V are D×(H_kv·d_k), so grouped-query attention shrinks them by
+    H/H_kv. Multi-head attention (H_kv = H) gives 4D² + 4D.
     """
-    attention = 4 * d_model * d_model + (4 * d_model if bias else 0)
-    norms = 2 * 2 * d_model
-    return attention + norms + feedforward_parameter_count(d_model, d_ff, activation, bias)
+    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    kv_width = n_kv_heads * (d_model // n_heads)
+    weights = 2 * d_model * d_model + 2 * d_model * kv_width
+    return weights + ((2 * d_model + 2 * kv_width) if bias else 0)
 
+
+def block_parameter_count(d_model: int, d_ff: int | None = None, activation: str = "gelu",
+                          bias: bool = True, *, n_heads: int = 1, n_kv_heads: int | None = None,
+                          norm: str = "layernorm") -> int:
+    """Trainable parameters of one ``TransformerBlock`` by formula.
+
+    Attention as in ``attention_parameter_count``, two norms, the MLP as in
+    ``feedforward_parameter_count`` (``activation="none"``: no MLP and no second norm).
+    GPT-2's layout (F = 4D, GELU, biases, LayerNorm, H_kv = H) gives 12D² + 13D.
+    """
+    attention = attention_parameter_count(d_model, n_heads, n_kv_heads, bias)
+    if activation == "none":
+        return attention + norm_parameter_count(norm, d_model)
+    return (attention + 2 * norm_parameter_count(norm, d_model)
+            + feedforward_parameter_count(d_model, d_ff, activation, bias))
 
 
 class TransformerBlock(nn.Module):
     """One Transformer layer: multi-head attention, then the feed-forward network, each wrapped in
-    a residual connection and a LayerNorm.
+    a residual connection and a normalisation.
 
     ``norm_first=True`` (pre-LN, GPT-2 onward): x + attn(norm1(x)), then x + ffn(norm2(x)); the
     residual stream itself is never normalised. ``norm_first=False`` (post-LN, 2017 "Add & Norm",
-    BERT): norm1(x + attn(x)), then norm2(x + ffn(x)).
+    BERT): norm1(x + attn(x)), then norm2(x + ffn(x)). The switches exist to measure what each
+    piece is worth: ``norm`` "layernorm" / "rmsnorm" / "none", ``activation="none"`` (no
+    feed-forward network), ``residual=False`` (drop the "x +"), ``n_kv_heads`` (grouped-query
+    attention), ``rope_base`` / ``alibi`` (positions inside attention).
     """
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int | None = None, activation: str = "gelu",
                  norm_first: bool = True, eps: float = 1e-5, bias: bool = True, dropout: float = 0.0,
-                 attn_impl: str = "batched") -> None:
+                 attn_impl: str = "batched", *, n_kv_heads: int | None = None, norm: str = "layernorm",
+                 residual: bool = True, rope_base: float | None = None, alibi: bool = False) -> None:
         super().__init__()
-        self.norm_first = norm_first
+        if activation != "none":
+            _check_activation(activation)
+        self.norm_first, self.residual = norm_first, residual
         self.attn_impl = attn_impl  # "batched" or "fused" (PyTorch's kernels, same parameters)
-        self.attn = MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout)
-        self.norm1 = LayerNorm(d_model, eps)
-        self.ffn = FeedForward(d_model, d_ff, activation, bias, dropout)
-        self.norm2 = LayerNorm(d_model, eps)
+        self.attn = MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout, n_kv_heads=n_kv_heads,
+                                       rope_base=rope_base, alibi=alibi)
+        self.norm1 = make_norm(norm, d_model, eps)
+        self.ffn = None if activation == "none" else FeedForward(d_model, d_ff, activation, bias, dropout)
+        self.norm2 = None if activation == "none" else make_norm(norm, d_model, eps)
         self.dropout = nn.Dropout(dropout)  # on the attention output, as GPT-2/BERT do (the FFN has its own)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False,
@@ -187,13 +229,19 @@ class TransformerBlock(nn.Module):
 
         With ``attn_impl="fused"`` the norms run as PyTorch's kernels too (``LayerNorm.fused``).
         """
-        norm1, norm2 = self.norm1, self.norm2
-        if self.attn_impl == "fused":
-            norm1, norm2 = getattr(norm1, "fused", norm1), getattr(norm2, "fused", norm2)
+        def attend(h: torch.Tensor) -> torch.Tensor:
+            return self.dropout(self.attn(h, mask=mask, causal=causal, impl=self.attn_impl, kv_cache=kv_cache))
+
+        x = self._sublayer(x, attend, self._kernel(self.norm1))
+        return x if self.ffn is None else self._sublayer(x, self.ffn, self._kernel(self.norm2))
+
+    def _kernel(self, norm: nn.Module) -> nn.Module:
+        """The norm itself, or with ``attn_impl="fused"`` its one-kernel twin (no norm: the identity)."""
+        return getattr(norm, "fused", norm) if self.attn_impl == "fused" else norm
+
+    def _sublayer(self, x: torch.Tensor, f, norm) -> torch.Tensor:
+        """Pre-LN x + f(norm(x)) or post-LN norm(x + f(x)); without the residual, "x +" is dropped."""
         if self.norm_first:
-            x = x + self.dropout(self.attn(norm1(x), mask=mask, causal=causal, impl=self.attn_impl,
-                                           kv_cache=kv_cache))
-            return x + self.ffn(norm2(x))
-        x = norm1(x + self.dropout(self.attn(x, mask=mask, causal=causal, impl=self.attn_impl,
-                                             kv_cache=kv_cache)))
-        return norm2(x + self.ffn(x))
+            out = f(norm(x))
+            return x + out if self.residual else out
+        return norm(x + f(x) if self.residual else f(x))

@@ -69,6 +69,25 @@ def sinusoidal_encoding(n_positions: int, d: int, base: float = 10000.0) -> torc
     return pe.to(torch.get_default_dtype())
 
 
+class SinusoidalPositionalEncoding(nn.Module):
+    """The fixed sinusoidal encodings as a module with no parameters, defined for any position
+    (unlike the learned table, it has no maximum length)."""
+
+    def __init__(self, d_model: int, base: float = 10000.0) -> None:
+        super().__init__()
+        _check_even(d_model, "d_model")
+        self.d_model, self.base = d_model, base
+
+    def forward(self, seq_len: int, offset: int = 0) -> torch.Tensor:
+        """Encodings of positions offset, ..., offset + seq_len − 1: (seq_len, D)."""
+        if seq_len < 0 or offset < 0:
+            raise ValueError(f"seq_len={seq_len} and offset={offset} must be non-negative")
+        return sinusoidal_encoding(offset + seq_len, self.d_model, self.base)[offset:]
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, base={self.base}"
+
+
 def sinusoidal_rotation(k: float, d: int, base: float = 10000.0) -> torch.Tensor:
     """The (d, d) block-diagonal rotation R(k) with PE(p + k) = R(k) PE(p) for every p.
 
@@ -102,6 +121,18 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor | Sequence[int],
     x_even, x_odd = x[..., 0::2], x[..., 1::2]
     rotated = torch.stack([x_even * cos - x_odd * sin, x_even * sin + x_odd * cos], dim=-1)
     return rotated.flatten(-2)
+
+
+def rope_halves_to_pairs(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Reorder the rows of a query or key projection (H·d, ...) from the "halves" RoPE convention
+    to ours. Hugging Face's LLaMA rotates feature j of a head with feature j + d/2 ("rotate_half");
+    ``apply_rope`` rotates 2j with 2j + 1. Row j goes to 2j and row j + d/2 to 2j + 1, in every head.
+    """
+    if weight.shape[0] % n_heads or (weight.shape[0] // n_heads) % 2:
+        raise ValueError(f"{weight.shape[0]} rows do not split into n_heads={n_heads} heads of even size; "
+                         "pass the number of heads of this projection (n_kv_heads for W_K)")
+    d = weight.shape[0] // n_heads
+    return weight.reshape(n_heads, 2, d // 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:

@@ -87,8 +87,8 @@ def test_size_report():
 def test_config_errors_name_the_fix():
     with pytest.raises(ValueError, match="divisible by n_heads"):
         small(d_model=30)
-    with pytest.raises(ValueError, match="n_layers must be positive"):
-        small(n_layers=0)
+    with pytest.raises(ValueError, match="n_layers must be >= 0"):
+        small(n_layers=-1)
     with pytest.raises(KeyError, match="known presets: gpt2"):
         GPTConfig.preset("gpt5")
     assert GPTConfig.preset("shakespeare_char", vocab_size=65).vocab_size == 65
