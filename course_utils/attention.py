@@ -295,7 +295,7 @@ class MultiHeadAttention(nn.Module):
         return mask.to(dtype) + bias
 
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q (B, H, T, d_k), k (B, H, T, d_k), v (B, H, T, d_v) from one matmul with W_Q, W_K, W_V
+        """q (B, H, T, d_k), k (B, H_kv, T, d_k), v (B, H_kv, T, d_v) from one matmul with W_Q, W_K, W_V
         stacked row-wise: the same numbers as ``split_heads(W_Q(x))`` etc. in a third of the calls."""
         layers = (self.W_Q, self.W_K, self.W_V)
         weight = torch.cat([layer.weight for layer in layers])
@@ -355,6 +355,12 @@ class MultiHeadAttention(nn.Module):
         q = split_heads(self.W_Q(x), self.n_heads)
         k = split_heads(self.W_K(x), self.n_kv_heads)  # (B, H_kv, T, d_k)
         v = split_heads(self.W_V(x), self.n_kv_heads)
+        return self._prepare(q, k, v, kv_cache)
+
+    def _prepare(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 kv_cache: Cache | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """RoPE on the new q and k (if on), the H_kv new key/value heads into the cache, then every
+        key/value head repeated for its group of query heads: q (B, H, T, d), k and v (B, H, S, d)."""
         q, k = self._rotate(q, k, offset=0 if kv_cache is None else len(kv_cache))
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)  # (B, H_kv, S, d)
@@ -376,9 +382,7 @@ class MultiHeadAttention(nn.Module):
                        kv_cache: Cache | None) -> torch.Tensor:
         """PyTorch's fused kernel (flash / memory-efficient where available): out (B, T, D), no weights.
         The fast path: one Q/K/V matmul (``project_qkv``) and reshapes without einops."""
-        q, k, v = self.project_qkv(x)  # (B, H, T, d)
-        if kv_cache is not None:
-            k, v = kv_cache.update(k, v)  # (B, H, S, d)
+        q, k, v = self._prepare(*self.project_qkv(x), kv_cache)  # (B, H, T, d), (B, H, S, d) twice
         T, S = q.shape[-2], k.shape[-2]
         if mask is not None:
             _check_mask(mask, torch.Size((*q.shape[:-2], T, S)))
