@@ -6,7 +6,8 @@ speed into the history) and ``save`` (an atomic checkpoint); the helpers above t
 idea. The device is ``runtime.device()`` (CUDA, then MPS, then the CPU); under ``torchrun`` each
 process takes its own ``cuda:LOCAL_RANK`` (or the CPU with gloo), DistributedDataParallel averages
 the gradients. On CUDA the trainer turns on what makes training fast (bf16 autocast, TF32 matmuls,
-``torch.compile``, fused AdamW); on MPS and the CPU it stays in float32, eager mode, plain AdamW.
+``torch.compile``, fused AdamW); on MPS and the CPU it stays in float32 and eager mode (fused AdamW
+on the CPU too, the plain loop on MPS).
 
 Shapes: ``B`` batch, ``T`` context length (``max_len``), ``V`` vocabulary, ``D`` model width.
 """
