@@ -152,6 +152,8 @@ PRESETS: dict[str, GPTConfig] = {
     "llama3_8b": _llama(128_256, 8192, 32, 32, 4096, 14_336, n_kv_heads=8, rope_base=500_000.0),
     # the course's character-level model on Shakespeare (84 distinct characters in the corpus)
     "shakespeare_char": GPTConfig(84, 256, 6, 6, 384, dropout=0.2),
+    # the model that ships with the course (course_utils/pretrained): trained on two CPU cores
+    "shakespeare_char_small": GPTConfig(84, 128, 4, 4, 128),
     # small sizes for CI and laptops
     "smoke": GPTConfig(84, 32, 2, 2, 32),
     "cpu": GPTConfig(84, 128, 4, 4, 128),

@@ -74,6 +74,9 @@ TRAIN_PRESETS = {
     # nanoGPT's shakespeare_char recipe
     "shakespeare_char": dict(batch_size=64, max_iters=5000, lr=1e-3, min_lr=1e-4, warmup_iters=100,
                              eval_interval=250, eval_iters=200),
+    # the shipped model (python -m course_tools.pretrained): 4 blocks x width 128, context 128, on 1 CPU thread
+    "shakespeare_char_small": dict(batch_size=12, max_iters=4000, lr=4e-3, min_lr=4e-4, warmup_iters=100,
+                                   eval_interval=500, eval_iters=20),
     # GPT-2 small on 8 GPUs: 12 sequences x 1,024 tokens x 5 micro-steps x 8 processes ~ 0.5 M tokens
     # per step (grad_accum counts per process: on one GPU use --grad-accum 40 for the same batch)
     "gpt2": dict(batch_size=12, grad_accum=5, max_iters=600_000, lr=6e-4, min_lr=6e-5,
@@ -214,7 +217,8 @@ def estimate_loss(model: nn.Module, splits: dict[str, torch.Tensor], batch_size:
 # ---------------------------------------------------------------------------------------------
 # Throughput: model FLOPs utilisation
 # Dense peak TFLOP/s from the vendors' data sheets: (bf16/fp16 tensor cores, tf32 or fp32).
-# More specific names first ("H100 PCIe" before "H100", "L40S" before "L4").
+# More specific names first ("H100 PCIe" before "H100", "L40S" before "L4"). The V100 and the T4
+# have no bf16 units: their first figure is the fp16 peak (see NO_BF16).
 PEAK_TFLOPS = [
     ("H200", 989.0, 494.0),
     ("H100 PCIe", 756.0, 378.0),
@@ -228,10 +232,16 @@ PEAK_TFLOPS = [
 ]
 
 
+NO_BF16 = ("V100", "T4")  # tensor cores with fp16 but no bf16
+
+
 def peak_tflops(device_name: str, dtype: torch.dtype) -> float | None:
-    """The device's dense peak for ``dtype`` (bf16 column, else the tf32/fp32 one); None if unknown."""
+    """The device's dense peak for ``dtype`` (bf16/fp16 column, else the tf32/fp32 one); None if
+    unknown, or for bf16 on a chip without bf16 units."""
     for key, low_precision, full in PEAK_TFLOPS:
         if key.lower() in device_name.lower():
+            if dtype == torch.bfloat16 and key in NO_BF16:
+                return None
             return low_precision if dtype in (torch.bfloat16, torch.float16) else full
     return None
 

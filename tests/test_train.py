@@ -84,6 +84,9 @@ def test_peak_table():
     assert T.peak_tflops("NVIDIA L40S", torch.bfloat16) == 362.0
     assert T.peak_tflops("NVIDIA L4", torch.bfloat16) == 121.0
     assert T.peak_tflops("Some Future GPU", torch.bfloat16) is None
+    assert T.peak_tflops("Tesla V100-SXM2-16GB", torch.float16) == 125.0  # fp16 tensor cores
+    assert T.peak_tflops("Tesla V100-SXM2-16GB", torch.bfloat16) is None  # no bf16 units
+    assert T.peak_tflops("Tesla T4", torch.bfloat16) is None
 
 
 def test_cpu_defaults_are_float32_and_eager():
