@@ -231,7 +231,7 @@ class GPT(nn.Module):
         if c.position == "learned" and offset + idx.shape[1] > c.max_len:
             raise ValueError(f"sequence of {offset + idx.shape[1]} tokens is longer than the context "
                              f"max_len={c.max_len}; crop it to the last {c.max_len} tokens, e.g. idx[:, -max_len:]")
-        if idx.numel():
+        if idx.numel() and not torch.compiler.is_compiling():  # reading values would split a compiled graph
             low, high = (int(v) for v in torch.aminmax(idx))
             if low < 0 or high >= c.vocab_size:
                 raise ValueError(f"token ids must lie in [0, vocab_size={c.vocab_size}), got ids from {low} to "

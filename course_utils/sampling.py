@@ -18,3 +18,37 @@ def inverse_cdf(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """
     target = u.to(cdf.dtype)[..., None] * cdf[..., -1:]
     return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_max(cdf.shape[-1] - 1)
+
+
+class AliasTable:
+    """Walker's alias method: many draws from one fixed distribution over V ids, each in O(1).
+
+    The V probabilities, scaled by V, are cut into V columns of height 1: column j keeps id j with
+    probability ``accept[j]`` and otherwise gives ``alias[j]``. A draw picks a column uniformly and
+    flips that biased coin, two lookups whatever V is, where ``inverse_cdf`` binary-searches log V
+    entries (the bulk of word2vec's time when it draws millions of noise words).
+    """
+
+    def __init__(self, probs: torch.Tensor) -> None:
+        probs = torch.as_tensor(probs, dtype=torch.float64)
+        if probs.dim() != 1 or not probs.numel() or bool((probs < 0).any()) or not float(probs.sum()) > 0:
+            raise ValueError("AliasTable needs a 1-D tensor of non-negative weights with a positive sum")
+        V = probs.numel()
+        height = (probs * (V / probs.sum())).tolist()
+        accept, alias = [1.0] * V, list(range(V))
+        small = [j for j, h in enumerate(height) if h < 1.0]
+        large = [j for j, h in enumerate(height) if h >= 1.0]
+        while small and large:  # fill each short column with the excess of a tall one (Vose's order)
+            s, g = small.pop(), large.pop()
+            accept[s], alias[s] = height[s], g
+            height[g] -= 1.0 - height[s]
+            (small if height[g] < 1.0 else large).append(g)
+        self.accept = torch.tensor(accept, dtype=torch.float64)  # columns left over keep 1.0 (rounding)
+        self.alias = torch.tensor(alias)
+
+    def sample(self, shape: tuple[int, ...], generator: torch.Generator | None = None) -> torch.Tensor:
+        """Ids of the given shape, drawn independently with the table's probabilities."""
+        column = torch.randint(len(self.accept), shape, generator=generator).reshape(-1)
+        coin = torch.rand(column.shape, generator=generator, dtype=torch.float64)
+        keep = coin < self.accept.index_select(0, column)
+        return torch.where(keep, column, self.alias.index_select(0, column)).view(shape)

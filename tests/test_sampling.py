@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from course_utils.sampling import inverse_cdf
+from course_utils.sampling import AliasTable, inverse_cdf
 
 
 def test_inverse_cdf_picks_the_first_id_whose_mass_exceeds_u():
@@ -27,3 +27,23 @@ def test_frequencies_follow_the_probabilities(shape):
     assert ids.shape == shape
     freq = torch.bincount(ids.flatten(), minlength=4) / ids.numel()
     assert freq[2] == 0 and (freq - probs).abs().max() < 0.05
+
+
+def test_alias_table_columns_rebuild_the_probabilities():
+    probs = torch.tensor([0.1, 0.6, 0.0, 0.3], dtype=torch.float64)
+    table = AliasTable(probs * 5)  # unnormalised weights give the same table
+    V = len(probs)
+    # id i's probability: its own column's kept share plus the shares other columns hand to it
+    rebuilt = table.accept / V + torch.zeros(V, dtype=torch.float64).index_add_(0, table.alias, (1 - table.accept) / V)
+    assert torch.allclose(rebuilt, probs, atol=1e-12)
+    assert table.accept[2] == 0  # id 2 (probability 0) keeps none of its column
+
+
+def test_alias_draws_follow_the_probabilities():
+    probs = torch.tensor([27.0, 8.0, 1.0, 0.0], dtype=torch.float64) / 36
+    ids = AliasTable(probs).sample((50_000, 4), torch.Generator().manual_seed(0))
+    assert ids.shape == (50_000, 4) and ids.dtype == torch.long
+    freq = torch.bincount(ids.flatten(), minlength=4) / ids.numel()
+    assert freq[3] == 0 and (freq - probs).abs().max() < 0.005
+    with pytest.raises(ValueError, match="non-negative weights"):
+        AliasTable(torch.tensor([0.5, -0.1]))
