@@ -6,8 +6,9 @@ speed into the history) and ``save`` (an atomic checkpoint); the helpers above t
 idea. The device is ``runtime.device()`` (CUDA, then MPS, then the CPU); under ``torchrun`` each
 process takes its own ``cuda:LOCAL_RANK`` (or the CPU with gloo), DistributedDataParallel averages
 the gradients. On CUDA the trainer turns on what makes training fast (bf16 autocast, TF32 matmuls,
-``torch.compile``, fused AdamW); on MPS and the CPU it stays in float32 and eager mode (fused AdamW
-on the CPU too, the plain loop on MPS).
+``torch.compile``, fused AdamW); on MPS and the CPU it stays in float32 (fused AdamW on the CPU
+too, the plain loop on MPS), and compiles on the CPU only when the time budget is long enough for
+the faster steps to repay the compile time (``compiles``).
 
 Shapes: ``B`` batch, ``T`` context length (``max_len``), ``V`` vocabulary, ``D`` model width.
 """
@@ -54,7 +55,7 @@ class TrainConfig:
     eval_iters: int = 20
     log_interval: int = 10
     seed: int = 1337
-    compile: bool | None = None  # None: on for CUDA, off elsewhere
+    compile: bool | None = None  # None: on for CUDA; on a CPU when it pays (``compiles``)
     dtype: str = "auto"  # "auto" (bf16 on CUDA when supported), "bfloat16" or "float32"
 
     @classmethod
@@ -141,6 +142,13 @@ def autocast(device: torch.device, dtype: torch.dtype):
     if dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+# PyTorch threads for training on a CPU when none are asked for. On the shared 2-core machine two
+# threads per process ran 6 % as fast as one under load (README, Performance): each step waits for
+# its slowest thread, and a thread that loses its core stalls the other. One thread loses at most
+# half the speed on an idle machine, so it is the default.
+CPU_THREADS = 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -441,12 +449,32 @@ def _restore(run: Run, ckpt: dict) -> None:
     _set_device_rng_state(run.where.device, ckpt["rng"].get("device"))
 
 
+# torch.compile on a CPU, measured with the cpu config on the shared 2-core machine at load 17-19
+# (README, Performance): compiling cost COMPILE_SECONDS (the training graph at the first step, 73 s,
+# and the evaluation graph at the first evaluation, 33 s), then each step ran COMPILE_SPEEDUP times
+# faster, so it pays for itself after COMPILE_SECONDS / (1 - 1 / COMPILE_SPEEDUP) s, about 46 minutes.
+# Both sides slow down alike under load, so the rule holds roughly on a quieter machine too.
+COMPILE_SECONDS = 106.0
+COMPILE_SPEEDUP = 1.04
+CPU_COMPILE_BREAK_EVEN = COMPILE_SECONDS / (1 - 1 / COMPILE_SPEEDUP)
+
+
+def compiles(cfg: TrainConfig, device: torch.device) -> bool:
+    """Whether ``train`` runs the model through ``torch.compile``: ``cfg.compile`` when set; else on
+    CUDA always, on a CPU when ``time_budget`` is past the break-even (a run without a budget
+    stays eager: its length is not known in advance), on MPS never (its back-end is experimental)."""
+    if cfg.compile is not None:
+        return cfg.compile
+    if device.type == "cuda":
+        return True
+    return device.type == "cpu" and cfg.time_budget is not None and cfg.time_budget >= CPU_COMPILE_BREAK_EVEN
+
+
 def _wrap(raw: nn.Module, cfg: TrainConfig, where: Dist) -> nn.Module:
-    """The module the steps call: DDP-wrapped with several processes, and ``torch.compile``d by
-    default on CUDA only (its MPS back-end is experimental, and on a CPU we expect the compile time
-    to outweigh what the lessons' few-minute runs would gain)."""
+    """The module the steps call: ``torch.compile``d when ``compiles`` says so, and DDP-wrapped with
+    several processes."""
     model = raw
-    if cfg.compile if cfg.compile is not None else where.device.type == "cuda":
+    if compiles(cfg, where.device):
         model = torch.compile(raw)
     if where.world_size > 1:
         model = nn.parallel.DistributedDataParallel(model, device_ids=[where.device.index]

@@ -13,10 +13,11 @@ in gensim, whose benchmark files (shipped inside the gensim wheel) we evaluate o
 
 from __future__ import annotations
 
+import contextlib
 import importlib.resources
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -239,6 +240,7 @@ class SGNSResult:
     losses: list[float] = field(default_factory=list)  # mean loss per logging interval
     pairs_per_epoch: list[int] = field(default_factory=list)
     seconds: float = 0.0
+    threads: int = 1  # PyTorch threads it ran with
 
 
 def encode_sentences(sentences: Sequence[Sequence[str]], vocab: Vocab) -> tuple[torch.Tensor, torch.Tensor]:
@@ -252,18 +254,40 @@ def encode_sentences(sentences: Sequence[Sequence[str]], vocab: Vocab) -> tuple[
 
 
 def train_sgns(sentences: Sequence[Sequence[str]], config: Word2VecConfig | None = None,
-               log_every: int = 200, progress: bool = True, device: torch.device | str = "cpu") -> SGNSResult:
+               log_every: int = 200, progress: bool = True, device: torch.device | str = "cpu",
+               threads: int | None = 1) -> SGNSResult:
     """Train SGNS on tokenised sentences (lists of words), e.g. ``tokenize.sentences(text)``.
 
     Each epoch subsamples the text afresh, builds all (centre, context) pairs with a dynamic
     window, shuffles them, and runs SGD over batches with K fresh negatives per pair. The
     learning rate falls linearly from ``lr`` to ``min_lr`` over all batches, as in word2vec.
     Sampling runs on the CPU with one seeded generator; the model and the steps on ``device``.
+    ``threads`` PyTorch threads run it (1, like gensim's one worker; several threads slow down
+    badly on a shared machine; None keeps PyTorch's setting); the setting is restored afterwards.
     """
     config = config or Word2VecConfig()
     if not sentences or isinstance(sentences[0], str):
         raise ValueError("train_sgns() takes a list of sentences, each a list of words; "
                          "use course_utils.tokenize.sentences(text)")
+    with _torch_threads(threads):
+        return _train_sgns(sentences, config, log_every, progress, device)
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int | None) -> Iterator[None]:
+    """PyTorch's intra-op threads set to ``n`` (None: unchanged) inside the block."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _train_sgns(sentences: Sequence[Sequence[str]], config: Word2VecConfig, log_every: int, progress: bool,
+                device: torch.device | str) -> SGNSResult:
+    threads = torch.get_num_threads()
     gen = torch.Generator().manual_seed(config.seed)
     vocab = Vocab.build(sentences, min_count=config.min_count, unk=None)
     ids, sid = encode_sentences(sentences, vocab)
@@ -283,7 +307,7 @@ def train_sgns(sentences: Sequence[Sequence[str]], config: Word2VecConfig | None
     bar.close()
     seconds = time.perf_counter() - start
     vectors = WordVectors(vocab.itos, run.model.in_embed.detach().cpu().clone())
-    return SGNSResult(vectors, run.model, vocab, run.losses, run.pairs_per_epoch, seconds)
+    return SGNSResult(vectors, run.model, vocab, run.losses, run.pairs_per_epoch, seconds, threads)
 
 
 @dataclass

@@ -166,7 +166,13 @@ def test_evaluation_matches_gensim(lee_sentences):
 
 def test_train_is_deterministic_and_learns(lee_sentences):
     config = w2v.Word2VecConfig(dim=8, window=2, min_count=3, epochs=2, batch_size=512, seed=3)
-    first = w2v.train_sgns(lee_sentences[:1500], config, log_every=10, progress=False)
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        first = w2v.train_sgns(lee_sentences[:1500], config, log_every=10, progress=False)
+        assert first.threads == 1 and torch.get_num_threads() == 2  # one thread inside, restored after
+    finally:
+        torch.set_num_threads(threads_before)
     second = w2v.train_sgns(lee_sentences[:1500], config, log_every=10, progress=False)
     assert torch.equal(first.vectors.vectors, second.vectors.vectors)
     assert first.vectors.vectors.shape == (len(first.vocab), 8)

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from course_tools.commands import USER_ERRORS, fail
-from course_utils import data, gpt, train
+from course_utils import data, gpt, runtime, train
 from course_utils.bpe import BPETokenizer
 from course_utils.tokenize import CharTokenizer, Tokenizer, load_tokenizer
 
@@ -39,9 +39,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lr", type=float, help="peak learning rate")
     p.add_argument("--seed", type=int)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="torch.compile the model (default: on CUDA only)")
-    p.add_argument("--threads", type=int, help="CPU threads for PyTorch (default: its own choice); "
-                   "1 is fastest for small models on a busy, shared machine")
+                   help="torch.compile the model (default: on CUDA; on a CPU when --time-budget is at least "
+                   f"{train.CPU_COMPILE_BREAK_EVEN:.0f} s, where the faster steps repay the compile time)")
+    p.add_argument("--threads", type=int, help=f"CPU threads for PyTorch (default on a CPU: {train.CPU_THREADS}, "
+                   "which stays fast when other processes share the cores)")
     p.add_argument("--out", help="folder for ckpt.pt (default runs/CONFIG)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -154,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
     """``course train``: prepare everything from the arguments, train, report."""
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    elif runtime.device().type == "cpu":
+        torch.set_num_threads(train.CPU_THREADS)
     try:
         job = prepare(args)
     except USER_ERRORS as err:
