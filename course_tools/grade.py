@@ -238,7 +238,7 @@ def main(args: argparse.Namespace) -> int:
     print(("WARNING: " if args.no_sandbox else "") + sandbox.describe(), flush=True)
     target = Path(args.submission)
     csv_path = Path(args.gradebook or "gradebook.csv") if target.is_dir() or args.gradebook else None
-    book = Gradebook(csv_path, Path(args.json) if args.json else None)
+    book = Gradebook(csv_path, Path(args.json) if args.json else None, Path(args.feedback) if args.feedback else None)
     limits = Limits(args.cell_timeout, args.notebook_timeout, args.output_cap)
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:  # each grading is its own sandbox
         futures = [pool.submit(grade_file, path, pristine, limits, sandbox, args.seed) for path in files]
@@ -249,7 +249,6 @@ def main(args: argparse.Namespace) -> int:
     if csv_path:
         print(f"gradebook: {csv_path} ({len(book.rows)} rows)")
     if args.feedback:
-        book.write_feedback(Path(args.feedback))
         print(f"feedback: {args.feedback}/ ({len(book.rows)} files)")
     return 0
 

@@ -105,11 +105,14 @@ def gradebook_csv(subs: list[Submission]) -> str:
 
 
 class Gradebook:
-    """Collects rows and rewrites the CSV and JSON files after each one."""
+    """Collects rows; after each one, rewrites the CSV and JSON files and writes that student's feedback."""
 
-    def __init__(self, csv_path: Path | None, json_path: Path | None) -> None:
-        self.csv_path, self.json_path = csv_path, json_path
+    def __init__(self, csv_path: Path | None, json_path: Path | None, feedback: Path | None = None) -> None:
+        self.csv_path, self.json_path, self.feedback = csv_path, json_path, feedback
         self.rows: list[Submission] = []
+        self.feedback_names: set[str] = set()
+        if feedback:
+            feedback.mkdir(parents=True, exist_ok=True)
 
     def add(self, sub: Submission) -> None:
         self.rows.append(sub)
@@ -118,15 +121,15 @@ class Gradebook:
             atomic_write(self.csv_path, gradebook_csv(rows))
         if self.json_path:
             atomic_write(self.json_path, json.dumps([s.record() for s in rows], indent=1, ensure_ascii=False))
+        if self.feedback:
+            atomic_write(self.feedback / f"{self._feedback_name(sub)}.feedback.md", feedback_markdown(sub))
 
-    def write_feedback(self, folder: Path) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
-        used: set[str] = set()
-        for sub in self.rows:
-            stem = file_stem(sub.student)
-            name, n = stem, 1
-            while name in used:
-                n += 1
-                name = f"{stem}-{n}"
-            used.add(name)
-            (folder / f"{name}.feedback.md").write_text(feedback_markdown(sub), encoding="utf-8")
+    def _feedback_name(self, sub: Submission) -> str:
+        """A file name from the student's name, unique in this run."""
+        stem = file_stem(sub.student)
+        name, n = stem, 1
+        while name in self.feedback_names:
+            n += 1
+            name = f"{stem}-{n}"
+        self.feedback_names.add(name)
+        return name
