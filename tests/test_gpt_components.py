@@ -249,3 +249,58 @@ def test_kv_cache_bytes_at_llama_sizes():
     assert kv_cache_bytes_per_token(GPTConfig.preset("llama2_7b")) == 2 * 32 * 4096 * 2 == 524_288
     assert kv_cache_bytes_per_token(GPTConfig.preset("llama2_70b")) == 2 * 80 * 8 * 128 * 2
     assert math.isclose(kv_cache_bytes_per_token(GPTConfig.preset("llama2_7b", n_kv_heads=1)) * 32, 524_288)
+
+
+# --- lesson 09 exercises: references pass their own checks, hints name the mistake -------------------
+from course_tools import checks  # noqa: E402
+from course_tools.references import lesson09 as ex  # noqa: E402
+
+EXERCISES = ["swiglu", "rope_scores", "gqa_attention", "gqa_cache_step", "llama_block_params"]
+
+
+@pytest.mark.parametrize("name", EXERCISES)
+def test_exercise_reference_passes_its_own_check(name):
+    result = checks.run(name, checks.get(name).reference, seed=0)
+    assert result.status == checks.PASS, result.report()
+
+
+def wrong(name, fn):
+    return checks.run(name, fn, seed=1).report()
+
+
+def test_exercise_references_agree_with_the_library():
+    torch.manual_seed(0)
+    block = TransformerBlock(64, 4, d_ff=170, activation="swiglu", bias=False, norm="rmsnorm", n_kv_heads=1)
+    assert ex.llama_block_params(64, 4, 1, 170) == sum(p.numel() for p in block.parameters())
+    ffn = block.ffn
+    x = torch.randn(2, 3, 64)
+    torch.testing.assert_close(ex.swiglu(x, ffn.W_gate.weight.T, ffn.W_in.weight.T, ffn.W_out.weight.T), ffn(x))
+    attn = MultiHeadAttention(64, 4, n_kv_heads=2, bias=False)
+    q, k, v = attn.project_qkv(x)
+    expected = attn.W_O.weight @ ex.gqa_attention(q, k, v).transpose(1, 2).reshape(2, 3, 64)[..., None]
+    torch.testing.assert_close(expected[..., 0], attn(x, causal=True), atol=1e-5, rtol=1e-5)
+
+
+def test_exercise_hints():
+    import torch.nn.functional as F
+
+    assert "swapped" in wrong("swiglu", lambda x, g, i, o: (F.silu(x @ i) * (x @ g)) @ o)
+    assert "not the GELU" in wrong("swiglu", lambda x, g, i, o: (F.gelu(x @ g) * (x @ i)) @ o)
+    only_q = lambda q, k, b: ex._rope_scores(q, k, b, rotate_k=False)
+    assert "rotate the keys too" in wrong("rope_scores", only_q)
+    halves = lambda q, k, b: ex._rope_scores(q, k, b, halves=True)
+    assert "neighbours" in wrong("rope_scores", halves)
+    tiled = lambda q, k, v: ex._attend(q, k.repeat(1, q.shape[1] // k.shape[1], 1, 1),
+                                       v.repeat(1, q.shape[1] // k.shape[1], 1, 1))
+    assert "repeat_interleave" in wrong("gqa_attention", tiled)
+
+    def expanded_cache(q, k_new, v_new, k_cache, v_cache):
+        out, k_all, v_all = ex.gqa_cache_step(q, k_new, v_new, k_cache, v_cache)
+        g = q.shape[1] // k_all.shape[1]
+        return out, k_all.repeat_interleave(g, 1), v_all.repeat_interleave(g, 1)
+
+    assert "only the H_kv" in wrong("gqa_cache_step", expanded_cache)
+    mha_count = lambda d, h, kv, f: ex.llama_block_params(d, h, h, f)
+    assert "D × (H_kv·D/H)" in wrong("llama_block_params", mha_count)
+    ln_count = lambda d, h, kv, f: ex.llama_block_params(d, h, kv, f) + 2 * d
+    assert "no shift β" in wrong("llama_block_params", ln_count)
