@@ -121,7 +121,8 @@ def generate(model: nn.Module, idx: torch.Tensor, max_new_tokens: int, temperatu
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     max_len = model.config.max_len
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
-    cache = ModelKVCache(model.config.n_layers) if use_cache and idx.shape[1] <= max_len else None
+    cacheable = use_cache and idx.shape[1] <= max_len and model.config.n_layers > 0  # a bigram model has no keys
+    cache = ModelKVCache(model.config.n_layers) if cacheable else None
     was_training = model.training
     model.eval()
     out = idx

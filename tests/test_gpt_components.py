@@ -11,6 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from course_utils.attention import ModelKVCache, MultiHeadAttention
 from course_utils.blocks import TransformerBlock, attention_parameter_count
+from course_utils.generate import generate
 from course_utils.gpt import (
     GPT,
     POSITIONS,
@@ -304,3 +305,14 @@ def test_exercise_hints():
     assert "D × (H_kv·D/H)" in wrong("llama_block_params", mha_count)
     ln_count = lambda d, h, kv, f: ex.llama_block_params(d, h, kv, f) + 2 * d
     assert "no shift β" in wrong("llama_block_params", ln_count)
+
+
+def test_generate_with_a_bigram_model_and_no_blocks():
+    torch.manual_seed(0)
+    bigram = GPT(GPTConfig(**{**SMALL, "n_layers": 0}, position="none", norm="none"))
+    out = generate(bigram, torch.zeros(1, 1, dtype=torch.long), 5, temperature=0.0)
+    logits = bigram.token_embedding.weight @ bigram.token_embedding.weight.T  # token t -> scores of the next
+    expected = [0]
+    for _ in range(5):
+        expected.append(int(logits[expected[-1]].argmax()))
+    assert out[0].tolist() == expected
