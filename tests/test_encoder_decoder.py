@@ -269,3 +269,27 @@ def test_shape_and_size_errors():
         model(torch.randn(2, 3, 8), torch.randn(2, 3, 8), torch.zeros(2, 3))
     with pytest.raises(ValueError, match="must be at least 1"):
         Transformer(8, 2, 0, 1)
+
+
+# ------------------------------------------------------------------------ lesson 10 exercises
+
+def test_lesson10_exercises_pass_their_references_and_catch_the_classic_mistakes():
+    from course_tools.checks import FAIL, PASS, run
+    from course_tools.references import lesson10 as ex
+
+    for name in ("cross_attention", "decoder_block", "seq2seq_loss", "greedy_step", "beam_step", "decoder_masks"):
+        assert run(name, getattr(ex, name), seed=0).status == PASS
+
+    mistakes = {
+        "cross_attention": (lambda x, m, keep, w, h: ex._attend(x, m, w, h), "padded source positions"),
+        "decoder_block": (lambda x, m, keep, w, h: ex._decoder_block(x, m, keep, w, h, norm_first=True), "post-LN"),
+        "seq2seq_loss": (lambda logits, tgt: F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                             tgt[:, 1:].reshape(-1)), "ignore target id 0"),
+        "greedy_step": (lambda logits, done: logits.argmax(-1), "<pad>"),
+        "beam_step": (lambda lp, s, done, k: ex.beam_step(lp, torch.zeros_like(s), done, k), "add each beam's score"),
+        "decoder_masks": (lambda src, T: (torch.ones(T, T, dtype=torch.bool).triu(), (src != 0)[:, None, None]),
+                          "transposed"),
+    }
+    for name, (wrong, phrase) in mistakes.items():
+        result = run(name, wrong, seed=0)
+        assert result.status == FAIL and phrase in result.report(), (name, result.report())

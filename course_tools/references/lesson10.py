@@ -1,0 +1,277 @@
+"""Exercises of lesson 10: cross-attention, a post-LN decoder block, the teacher-forcing loss on the
+shifted target, one greedy step, one beam-search step, and the decoder's two masks."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from course_tools.checks import Case, exercise
+from course_utils import encoder_decoder
+
+PAD = encoder_decoder.PAD
+
+
+def _close(a, b) -> bool:
+    return (isinstance(a, torch.Tensor) and a.shape == b.shape
+            and bool(torch.allclose(a.double(), b.double(), atol=1e-4, rtol=1e-3)))
+
+
+def _keep(gen: torch.Generator, B: int, S: int) -> torch.Tensor:
+    """(B, S) True at real tokens: the first row full, the others of random length >= 1."""
+    lengths = torch.randint(1, S + 1, (B,), generator=gen)
+    lengths[0] = S
+    return torch.arange(S)[None] < lengths[:, None]
+
+
+def _w(gen: torch.Generator, *shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen) / math.sqrt(shape[0])
+
+
+# ------------------------------------------------------------------ cross-attention
+
+def _attend(q_in, kv_in, w, n_heads, prefix="", keep=None, causal=False, scale=True):
+    """Multi-head attention with matrices as x @ W: queries from q_in, keys/values from kv_in."""
+    B, T, D = q_in.shape
+    S = kv_in.shape[1]
+
+    def heads(x, name):
+        return (x @ w[prefix + name]).view(B, x.shape[1], n_heads, D // n_heads).transpose(1, 2)
+
+    q, k, v = heads(q_in, "W_Q"), heads(kv_in, "W_K"), heads(kv_in, "W_V")
+    scores = q @ k.transpose(-2, -1) / (math.sqrt(D // n_heads) if scale else 1.0)
+    if keep is not None:
+        scores = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
+    if causal:
+        scores = scores.masked_fill(~torch.ones(T, S, dtype=torch.bool).tril(), float("-inf"))
+    return (torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(B, T, D) @ w[prefix + "W_O"]
+
+
+def _cross_cases(gen: torch.Generator) -> list[Case]:
+    cases = []
+    for b, t, s, d, h in [(1, 1, 1, 4, 1), (2, 5, 4, 8, 2), (3, 6, 7, 12, 3)]:
+        w = {name: _w(gen, d, d) for name in ("W_Q", "W_K", "W_V", "W_O")}
+        cases.append(Case(f"x (B={b}, T={t}, D={d}), memory (B={b}, S={s}, D={d}), n_heads={h}, padded sources",
+                          (torch.randn(b, t, d, generator=gen), torch.randn(b, s, d, generator=gen),
+                           _keep(gen, b, s), w, h)))
+    return cases
+
+
+def _cross_hint(case: Case, got, expected) -> str | None:
+    x, memory, keep, w, h = case.args
+    if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+        return ("the output has the decoder's length T: queries come from x, keys and values from memory"
+                if isinstance(got, torch.Tensor) else None)
+    if not bool(keep.all()) and _close(got, _attend(x, memory, w, h)):
+        return "padded source positions were attended to: mask the scores where src_keep is False, before the softmax"
+    if _close(got, _attend(x, memory, w, h, keep=keep, scale=False)):
+        return "scale the scores by 1/√d_k, with d_k = D / n_heads"
+    return None
+
+
+@exercise(cases=_cross_cases, hints=[_cross_hint])
+def cross_attention(x: torch.Tensor, memory: torch.Tensor, src_keep: torch.Tensor,
+                    weights: dict[str, torch.Tensor], n_heads: int) -> torch.Tensor:
+    """x (B, T, D) from the decoder, memory (B, S, D) from the encoder, src_keep (B, S) True at real
+    source tokens -> (B, T, D). Q = x W_Q, K = memory W_K, V = memory W_V (each (D, D), as x @ W),
+    split into heads of D / n_heads, softmax(QKᵀ/√d_k) with padded keys masked, heads merged, @ W_O."""
+    return _attend(x, memory, weights, n_heads, keep=src_keep)
+
+
+# ------------------------------------------------------------------ a post-LN decoder block
+
+def _ln(h, w, i):
+    return F.layer_norm(h, h.shape[-1:], w[f"ln{i}_gamma"], w[f"ln{i}_beta"], 1e-5)
+
+
+def _decoder_block(x, memory, keep, w, h, norm_first=False, causal=True, cross_mask=True):
+    def self_attn(z):
+        return _attend(z, z, w, h, "self_", causal=causal)
+
+    def cross_attn(z):
+        return _attend(z, memory, w, h, "cross_", keep=keep if cross_mask else None)
+
+    def ffn(z):
+        return F.relu(z @ w["W_in"]) @ w["W_out"]
+
+    if norm_first:
+        x = x + self_attn(_ln(x, w, 1))
+        x = x + cross_attn(_ln(x, w, 2))
+        return x + ffn(_ln(x, w, 3))
+    x = _ln(x + self_attn(x), w, 1)
+    x = _ln(x + cross_attn(x), w, 2)
+    return _ln(x + ffn(x), w, 3)
+
+
+def _block_cases(gen: torch.Generator) -> list[Case]:
+    cases = []
+    for b, t, s, d, h in [(1, 1, 2, 4, 1), (2, 4, 5, 8, 2), (2, 6, 3, 12, 3)]:
+        w = {f"{kind}_{name}": _w(gen, d, d) for kind in ("self", "cross") for name in ("W_Q", "W_K", "W_V", "W_O")}
+        w.update({"W_in": _w(gen, d, 4 * d), "W_out": _w(gen, 4 * d, d)})
+        for i in (1, 2, 3):
+            w[f"ln{i}_gamma"] = 1 + 0.3 * torch.randn(d, generator=gen)
+            w[f"ln{i}_beta"] = 0.3 * torch.randn(d, generator=gen)
+        cases.append(Case(f"x (B={b}, T={t}, D={d}), memory (B={b}, S={s}, D={d}), n_heads={h}",
+                          (torch.randn(b, t, d, generator=gen), torch.randn(b, s, d, generator=gen),
+                           _keep(gen, b, s), w, h)))
+    return cases
+
+
+def _block_hint(case: Case, got, expected) -> str | None:
+    x, memory, keep, w, h = case.args
+    if _close(got, _decoder_block(x, memory, keep, w, h, norm_first=True)):
+        return "that is pre-LN (x + F(LN(x))); the 2017 block is post-LN: x = LN(x + F(x)) after each sublayer"
+    if x.shape[1] > 1 and _close(got, _decoder_block(x, memory, keep, w, h, causal=False)):
+        return "the self-attention needs the causal mask: syllable t must not see the syllables after it"
+    if not bool(keep.all()) and _close(got, _decoder_block(x, memory, keep, w, h, cross_mask=False)):
+        return "the cross-attention must not look at padded source positions (mask with src_keep)"
+    return None
+
+
+@exercise(cases=_block_cases, hints=[_block_hint])
+def decoder_block(x: torch.Tensor, memory: torch.Tensor, src_keep: torch.Tensor,
+                  weights: dict[str, torch.Tensor], n_heads: int) -> torch.Tensor:
+    """A post-LN (2017) decoder block, no biases: x = LN1(x + SelfAttn_causal(x)),
+    x = LN2(x + CrossAttn(x, memory)), x = LN3(x + FFN(x)), FFN(z) = ReLU(z W_in) W_out.
+
+    ``weights`` has self_W_Q ... self_W_O, cross_W_Q ... cross_W_O (D, D), W_in (D, 4D), W_out (4D, D),
+    ln{1,2,3}_gamma / _beta (D,); LayerNorm eps 1e-5. x (B, T, D), memory (B, S, D) -> (B, T, D)."""
+    return _decoder_block(x, memory, src_keep, weights, n_heads)
+
+
+# ------------------------------------------------------------------ the shifted target and its loss
+
+def _target(gen: torch.Generator, B: int, T: int, V: int) -> torch.Tensor:
+    """<s> y ... </s> <pad>...: rows of random lengths, ids 3.. for the syllables."""
+    tgt = torch.randint(3, V, (B, T), generator=gen)
+    tgt[:, 0] = encoder_decoder.BOS
+    for b in range(B):
+        end = T - 1 if b == 0 else int(torch.randint(1, T, (1,), generator=gen))
+        tgt[b, end] = encoder_decoder.EOS
+        tgt[b, end + 1:] = PAD
+    return tgt
+
+
+def _loss_cases(gen: torch.Generator) -> list[Case]:
+    cases = []
+    for b, t, v in [(1, 3, 6), (3, 6, 9), (4, 9, 20)]:
+        tgt = _target(gen, b, t, v)
+        cases.append(Case(f"logits (B={b}, T={t - 1}, V={v}), tgt (B={b}, T={t}) with padding",
+                          (2 * torch.randn(b, t - 1, v, generator=gen), tgt)))
+    return cases
+
+
+def _loss_hint(case: Case, got, expected) -> str | None:
+    logits, tgt = case.args
+    if not isinstance(got, (torch.Tensor, float)) or (isinstance(got, torch.Tensor) and got.numel() != 1):
+        return "return a scalar tensor"
+    got, V = float(got), logits.shape[-1]
+    flat = logits.reshape(-1, V)
+    if math.isclose(got, float(F.cross_entropy(flat, tgt[:, 1:].reshape(-1))), rel_tol=1e-4):
+        return "<pad> positions were scored: ignore target id 0 (ignore_index=0)"
+    if math.isclose(got, float(F.cross_entropy(flat, tgt[:, :-1].reshape(-1), ignore_index=PAD)), rel_tol=1e-4):
+        return "not shifted: the logits at position t predict tgt[:, t + 1], so compare with tgt[:, 1:]"
+    return None
+
+
+@exercise(cases=_loss_cases, hints=[_loss_hint])
+def seq2seq_loss(logits: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+    """tgt (B, T) is <s> y1 ... yn </s> <pad>...; the decoder read tgt[:, :-1] and returned logits
+    (B, T − 1, V). Return the mean cross-entropy of predicting tgt[:, 1:], ignoring <pad> (id 0)."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt[:, 1:].reshape(-1), ignore_index=PAD)
+
+
+# ------------------------------------------------------------------ one greedy step
+
+def _greedy_cases(gen: torch.Generator) -> list[Case]:
+    cases = []
+    for b, v in [(1, 5), (4, 9), (6, 20)]:
+        done = torch.rand(b, generator=gen) < 0.5
+        done[0] = False
+        cases.append(Case(f"logits (B={b}, V={v}), done (B={b})", (torch.randn(b, v, generator=gen), done)))
+    return cases
+
+
+def _greedy_hint(case: Case, got, expected) -> str | None:
+    logits, done = case.args
+    if isinstance(got, torch.Tensor) and bool(done.any()) and torch.equal(got, logits.argmax(-1)):
+        return "a sequence that already wrote </s> must get <pad> (id 0), not another syllable"
+    return None
+
+
+@exercise(cases=_greedy_cases, hints=[_greedy_hint])
+def greedy_step(logits: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+    """logits (B, V) at the last position, done (B,) True for sequences that already ended -> the
+    next ids (B,): the arg-max, or <pad> (0) where done."""
+    return logits.argmax(-1).masked_fill(done, PAD)
+
+
+# ------------------------------------------------------------------ one beam-search step
+
+def _beam_cases(gen: torch.Generator) -> list[Case]:
+    cases = []
+    for b, k, v, any_done in [(1, 2, 4, False), (2, 3, 7, False), (3, 4, 9, True)]:
+        log_probs = F.log_softmax(2 * torch.randn(b, k, v, generator=gen), -1)
+        scores = -3 * torch.rand(b, k, generator=gen)
+        done = (torch.rand(b, k, generator=gen) < 0.4) if any_done else torch.zeros(b, k, dtype=torch.bool)
+        label = f"log_probs (B={b}, K={k}, V={v}), scores (B={b}, K={k})" + (", some beams done" if any_done else "")
+        cases.append(Case(label, (log_probs, scores, done, k)))
+    return cases
+
+
+def _beam_hint(case: Case, got, expected) -> str | None:
+    log_probs, scores, done, k = case.args
+    if not isinstance(got, (tuple, list)) or len(got) != 3:
+        return "return a tuple (scores, parent, token)"
+    B, K, V = log_probs.shape
+    top = log_probs.reshape(B, K * V).topk(k, -1)
+    if _close(got[0], top.values):
+        return "add each beam's score so far to its log-probabilities before choosing the best extensions"
+    if isinstance(got[1], torch.Tensor) and torch.equal(got[1], expected[2]) and torch.equal(got[2], expected[1]):
+        return "parent and token are swapped: flat index i is parent i // V, token i % V"
+    if bool(done.any()):
+        return "a finished beam may only extend with <pad> (log-probability 0), every other token −∞"
+    return None
+
+
+@exercise(cases=_beam_cases, hints=[_beam_hint])
+def beam_step(log_probs: torch.Tensor, scores: torch.Tensor, done: torch.Tensor,
+              beam_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One beam-search step for B sources with K beams. log_probs (B, K, V) of the next token, scores
+    (B, K) summed log-probabilities so far, done (B, K) finished beams (they extend only with <pad>,
+    id 0, at no cost). Return the beam_size best of the K·V extensions, best first: (new scores
+    (B, beam_size), parent beam (B, beam_size), token (B, beam_size))."""
+    return encoder_decoder.beam_step(log_probs, scores, done, beam_size)
+
+
+# ------------------------------------------------------------------ the decoder's masks
+
+def _mask_cases(gen: torch.Generator) -> list[Case]:
+    cases = []
+    for b, s, t in [(1, 3, 1), (2, 5, 4), (4, 7, 6)]:
+        src = torch.randint(3, 13, (b, s), generator=gen) * _keep(gen, b, s)
+        cases.append(Case(f"src ids (B={b}, S={s}) with <pad> = 0 at the end, T={t}", (src, t)))
+    return cases
+
+
+def _mask_hint(case: Case, got, expected) -> str | None:
+    if not isinstance(got, (tuple, list)) or len(got) != 2 or not all(isinstance(g, torch.Tensor) for g in got):
+        return "return a tuple of two bool tensors (self_mask, cross_mask)"
+    self_mask, cross_mask = got
+    if self_mask.shape == expected[0].shape and torch.equal(self_mask, expected[0].T) and case.args[1] > 1:
+        return "the causal mask is transposed: query t (row) may see keys s ≤ t (columns), i.e. tril"
+    if cross_mask.shape == expected[1].shape and torch.equal(cross_mask, ~expected[1]):
+        return "True must mean 'may attend' (a real source token), not 'padding'"
+    if cross_mask.numel() == expected[1].numel() and cross_mask.shape != expected[1].shape:
+        return "shape the cross mask (B, 1, 1, S) so it broadcasts over heads and target positions"
+    return None
+
+
+@exercise(cases=_mask_cases, hints=[_mask_hint])
+def decoder_masks(src: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two masks of a decoder, True = may attend. src (B, S) source ids with <pad> = 0; T target
+    positions. Returns (self_mask (T, T): causal, query t sees keys 0..t; cross_mask (B, 1, 1, S):
+    True at real source tokens, broadcastable to the cross-attention scores (B, H, T, S))."""
+    return torch.ones(T, T, dtype=torch.bool).tril(), (src != PAD)[:, None, None, :]
