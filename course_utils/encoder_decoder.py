@@ -361,21 +361,26 @@ def beam_step(log_probs: torch.Tensor, scores: torch.Tensor, done: torch.Tensor,
 def beam_search(model: EncoderDecoder, src: torch.Tensor, max_new: int, beam_size: int = 4) -> torch.Tensor:
     """src (B, S) -> the highest-scoring sequence per source (B, ≤ max_new), by summed log-probability.
 
-    Keeps the ``beam_size`` best prefixes per source; the encoder's keys/values are computed once and
-    shared by the beams. At the start all beams are the same <s>, so only beam 0 is live.
+    Keeps the ``beam_size`` best prefixes per source. The encoder's keys/values are computed once and
+    shared by the beams; the decoder's KV caches follow each surviving beam's parent. At the start all
+    beams are the same <s>, so only beam 0 is live.
     """
     memory_kv, src_keep = model.encode(src)
     B, K = src.shape[0], beam_size
     memory_kv = [(_expand(k, K), _expand(v, K)) for k, v in memory_kv]
     src_keep = _expand(src_keep, K)
+    caches = [KVCache() for _ in model.transformer.decoder.blocks]
     seqs = torch.full((B, K, 1), BOS, dtype=torch.long, device=src.device)
     scores = torch.full((B, K), float("-inf"), device=src.device)
     scores[:, 0] = 0.0
     done = torch.zeros(B, K, dtype=torch.bool, device=src.device)
     for _ in range(max_new):
-        logits = model.decode(seqs.reshape(B * K, -1), memory_kv, src_keep)[:, -1]
+        logits = model.decode(seqs[:, :, -1:].reshape(B * K, 1), memory_kv, src_keep, caches)[:, -1]
         log_probs = F.log_softmax(logits, dim=-1).reshape(B, K, -1)
         scores, parent, token = beam_step(log_probs, scores, done, K)
+        rows = (parent + K * torch.arange(B, device=src.device)[:, None]).reshape(-1)  # parent's flat row
+        for cache in caches:
+            cache.k, cache.v = cache.k[rows], cache.v[rows]
         seqs = torch.cat([seqs.gather(1, parent[..., None].expand_as(seqs)), token[..., None]], dim=-1)
         done = done.gather(1, parent) | (token == EOS) | (token == PAD)
         if bool(done.all()):
@@ -386,8 +391,9 @@ def beam_search(model: EncoderDecoder, src: torch.Tensor, max_new: int, beam_siz
 # ------------------------------------------------------------------ a decoder-only model for comparison
 
 class DecoderOnly(nn.Module):
-    """A GPT-style model for the same task: one sequence ``source <sep> <s> target </s>`` read left to
-    right by causal pre-LN blocks; trained on the target part only (``prefix_lm_loss``)."""
+    """A GPT-style model for the same task: one sequence, the source padded to a fixed width, then
+    ``<s> target </s>``, read left to right by causal pre-LN blocks; trained on the target part only
+    (``prefix_lm_loss``). <pad> tokens are never attended to."""
 
     def __init__(self, vocab_size: int, max_len: int, d_model: int, n_heads: int, n_layers: int,
                  d_ff: int | None = None) -> None:
@@ -399,15 +405,16 @@ class DecoderOnly(nn.Module):
         self.lm_head = nn.Linear(d_model, vocab_size)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids (B, L) -> logits (B, L, V); right padding needs no mask under the causal one."""
+        """ids (B, L) -> logits (B, L, V): causal attention that also skips <pad> keys."""
         x = self.embedding(ids)
+        keep = key_mask(ids != PAD)
         for block in self.blocks:
-            x = block(x, causal=True)
+            x = block(x, mask=keep, causal=True)
         return self.lm_head(self.final_norm(x))
 
 
 def prefix_lm_loss(model: DecoderOnly, prompt: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
-    """prompt (B, P) of equal lengths, tgt (B, T) <s> ... </s> -> teacher forcing on the target part
+    """prompt (B, P) padded to one width, tgt (B, T) <s> ... </s> -> teacher forcing on the target part
     only: the model reads prompt + tgt[:, :-1] and nothing inside the prompt is scored."""
     P = prompt.shape[1]
     return target_loss(model(torch.cat([prompt, tgt[:, :-1]], dim=1))[:, P:], tgt[:, 1:])

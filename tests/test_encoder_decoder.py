@@ -244,6 +244,13 @@ def test_decoder_only_prefix_loss_and_generation():
     assert torch.allclose(prefix_lm_loss(model, prompt, tgt), target_loss(logits, tgt[:, 1:]))
     out = greedy_continue(model, torch.cat([prompt, tgt[:, :1]], 1), 5)
     assert out.shape[0] == 2 and out.shape[1] <= 5
+    padded = torch.cat([prompt[:, :2], torch.zeros(2, 2, dtype=torch.long), tgt[:, :1]], 1)
+    with torch.no_grad():
+        before = model(padded)[:, -1]
+        model.embedding.token_embedding.weight[PAD] += 3.0  # what <pad> holds must not matter
+        assert torch.allclose(model(padded)[:, -1], before, atol=1e-5)
+        model.embedding.token_embedding.weight[5] += 3.0    # a real token does
+        assert not torch.allclose(model(torch.where(padded == PAD, 5, padded))[:, -1], before, atol=1e-3)
 
 
 def test_fit_learns_to_copy():
