@@ -4,6 +4,9 @@ Each ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` region becomes nbgrader's s
 (``# YOUR CODE HERE`` + ``raise NotImplementedError()``, same indentation); outputs are cleared, and
 so is the solutions' line about its stored outputs (an exercise notebook has none); the nbgrader
 cell metadata is kept, and the notebook records which lesson it is for the grader.
+A region of top-level assignments only (a question's answer, ``name = value``) becomes
+``name = ...`` instead, so the student notebook still runs from top to bottom; cells tagged
+``solution-note`` (the explanations of the answers) are dropped.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ import nbformat
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 CODE_STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")
 MARKDOWN_STUB = "YOUR ANSWER HERE"
+ANSWER_STUB = "{name} = ...  # YOUR ANSWER HERE"
+ASSIGNMENT = re.compile(r"([A-Za-z_]\w*) = (?!=)")
+NOTE_TAG = "solution-note"  # cells of solutions/ that explain an answer; students do not get them
 # the solutions' "*Stored outputs: ...*" line, which is not true of an exercise notebook
 STORED_OUTPUTS = re.compile(r"^\*Stored outputs:[^\n]*\*$", re.MULTILINE)
 NO_OUTPUTS = "*No stored outputs: run the cells from the top; each check prints its verdict.*"
@@ -27,28 +33,38 @@ class AssignError(ValueError):
     """A solutions notebook whose markers or metadata are malformed."""
 
 
+def stub(region: list[str], indent: str, cell_type: str) -> list[str]:
+    """What replaces one solution region: ``name = ...`` lines for top-level assignments only,
+    else nbgrader's stub."""
+    if cell_type != "code":
+        return [indent + MARKDOWN_STUB]
+    names = [ASSIGNMENT.match(line) for line in region]
+    if not indent and region and all(names):
+        return [ANSWER_STUB.format(name=m.group(1)) for m in names]
+    return [indent + s for s in CODE_STUB]
+
+
 def strip_solution(source: str, cell_type: str, where: str) -> str:
-    """Replace every solution region of one cell's source by the stub."""
+    """Replace every solution region of one cell's source by its stub."""
     out: list[str] = []
-    inside = False
+    region: list[str] | None = None
+    indent = ""
     for line in source.split("\n"):
         stripped = line.strip()
         if stripped == BEGIN:
-            if inside:
+            if region is not None:
                 raise AssignError(f"{where}: nested {BEGIN}")
-            inside = True
-            indent = line[: len(line) - len(line.lstrip())]
-            if cell_type == "code":
-                out += [indent + s for s in CODE_STUB]
-            else:
-                out.append(indent + MARKDOWN_STUB)
+            region, indent = [], line[: len(line) - len(line.lstrip())]
         elif stripped == END:
-            if not inside:
+            if region is None:
                 raise AssignError(f"{where}: {END} without {BEGIN}")
-            inside = False
-        elif not inside:
+            out += stub(region, indent, cell_type)
+            region = None
+        elif region is not None:
+            region.append(line)
+        else:
             out.append(line)
-    if inside:
+    if region is not None:
         raise AssignError(f"{where}: {BEGIN} without {END}")
     return "\n".join(out)
 
@@ -62,6 +78,7 @@ def lesson_of(path: Path) -> str:
 def build_exercises(solution: nbformat.NotebookNode, lesson: str) -> nbformat.NotebookNode:
     """The exercise notebook for one solutions notebook (a new object; the input is not changed)."""
     nb = copy.deepcopy(solution)
+    nb.cells = [c for c in nb.cells if NOTE_TAG not in c.metadata.get("tags", [])]
     seen: set[str] = set()
     for index, cell in enumerate(nb.cells):
         where = f"{lesson} cell {index}"

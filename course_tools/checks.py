@@ -51,9 +51,15 @@ class Exercise:
     atol: float = 1e-5
     rtol: float = 1e-4
     hints: Sequence[Hint] = ()
+    explain: str = ""  # one line printed under a passing check: why the answer is right
 
     def __post_init__(self) -> None:
         self.function = self.function or self.name
+
+    @property
+    def is_question(self) -> bool:
+        """Whether the answer is a value (registered with ``question``), not a function."""
+        return self.cases is _your_answer
 
 
 REGISTRY: dict[str, Exercise] = {}
@@ -61,17 +67,32 @@ REGISTRY: dict[str, Exercise] = {}
 
 def exercise(name: str | None = None, *, cases: Callable[[torch.Generator], list[Case]],
              function: str = "", atol: float = 1e-5, rtol: float = 1e-4,
-             hints: Sequence[Hint] = ()) -> Callable[[Callable], Callable]:
+             hints: Sequence[Hint] = (), explain: str = "") -> Callable[[Callable], Callable]:
     """Decorator that registers a reference implementation as an exercise."""
 
     def register(reference: Callable) -> Callable:
         key = name or reference.__name__
         if key in REGISTRY:
             raise ValueError(f"exercise {key!r} is registered twice")
-        REGISTRY[key] = Exercise(key, reference, cases, function, atol, rtol, hints)
+        REGISTRY[key] = Exercise(key, reference, cases, function, atol, rtol, hints, explain)
         return reference
 
     return register
+
+
+def _your_answer(gen: torch.Generator) -> list[Case]:
+    return [Case("your answer")]
+
+
+def question(*, explain: str, hints: Sequence[Hint] = (), atol: float = 1e-5,
+             rtol: float = 1e-4) -> Callable[[Callable], Callable]:
+    """Decorator that registers a question: an exercise whose answer is a value, not a function.
+
+    The decorated function takes no arguments and returns (or measures) the right answer; the
+    learner assigns theirs to a variable of the same name, and ``check.<name>(<name>)`` compares
+    the two. An answer left as ``...`` counts as not attempted.
+    """
+    return exercise(cases=_your_answer, atol=atol, rtol=rtol, hints=hints, explain=explain)
 
 
 def get(name: str) -> Exercise:
@@ -189,6 +210,8 @@ class CheckResult:
     name: str
     status: str  # pass | fail | not attempted | error
     outcomes: list[Outcome]
+    explain: str = ""
+    question: bool = False
 
     @property
     def passed(self) -> int:
@@ -203,8 +226,12 @@ class CheckResult:
         return self.passed / self.total if self.total else 0.0
 
     def summary(self) -> str:
+        if self.status == NOT_ATTEMPTED and self.question:
+            return f"{self.name}: not answered yet (replace the ... by your answer)"
         if self.status == NOT_ATTEMPTED:
             return f"{self.name}: not attempted yet (the function still raises NotImplementedError)"
+        if self.question:
+            return f"{self.name}: " + ("right" if self.status == PASS else "not right yet")
         mark = "all cases passed" if self.status == PASS else "some cases failed"
         return f"{self.name}: {self.passed}/{self.total} cases passed ({mark})"
 
@@ -212,7 +239,14 @@ class CheckResult:
         lines = [self.summary()]
         if self.status != NOT_ATTEMPTED:
             lines += [o.line for o in self.outcomes]
+        if self.status == PASS and self.explain:
+            lines.append(f"  why: {self.explain}")
         return "\n".join(lines)
+
+
+def _short(x: Any) -> str:
+    text = repr(x)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def error_line(exc: BaseException) -> str:
@@ -228,6 +262,8 @@ def judge(ex: Exercise, case: Case, got: Any, expected: Any, hints: bool = True)
         ok, detail = compare(got, expected, ex.atol, ex.rtol)
     except Exception as exc:  # a malformed answer must not crash the check
         ok, detail = False, f"could not compare: {error_line(exc)}"
+    if ex.is_question:  # the detail of a comparison would give the right answer away
+        detail = f"{_short(got)} is " + ("right" if ok else "not the answer")
     if ok:
         return Outcome(PASS, f"  ✓ {case.label}: {detail}")
     for hint in ex.hints if hints else ():
@@ -271,6 +307,8 @@ def run(name: str, fn: Callable, seed: int | None = None) -> CheckResult:
         expected = call(ex.reference, case)
         try:
             got = call(fn, case)
+            if got is Ellipsis:  # a question's answer still at its placeholder
+                raise NotImplementedError
         except NotImplementedError:
             outcomes.append(Outcome(NOT_ATTEMPTED, f"  · {case.label}: not attempted yet"))
             continue
@@ -278,7 +316,11 @@ def run(name: str, fn: Callable, seed: int | None = None) -> CheckResult:
             outcomes.append(Outcome(ERROR, f"  ✗ {case.label}: raised {error_line(exc)}"))
             continue
         outcomes.append(judge(ex, case, got, expected))
-    return CheckResult(name, result_status(outcomes), outcomes)
+    return CheckResult(name, result_status(outcomes), outcomes, ex.explain, ex.is_question)
+
+
+def _constant(value: Any) -> Callable[[], Any]:
+    return lambda: value
 
 
 class CheckFailed(AssertionError):
@@ -297,7 +339,9 @@ class _Checker:
             raise AttributeError(name)
         get(name)  # fail fast with the list of known exercises
 
-        def checker(fn: Callable, seed: int | None = None) -> None:
+        def checker(fn: Any, seed: int | None = None) -> None:
+            if not callable(fn):  # a question's answer: the value itself
+                fn = _constant(fn)
             result = run(name, fn, seed)
             print(result.report())
             if STRICT and result.status != PASS:

@@ -83,7 +83,7 @@ def test_course_assign_command_writes_exercises(tmp_path):
     from course_tools.cli import main
 
     (tmp_path / "solutions").mkdir()
-    nb = new_notebook(cells=[new_code_cell("### BEGIN SOLUTION\nx = 1\n### END SOLUTION",
+    nb = new_notebook(cells=[new_code_cell("### BEGIN SOLUTION\nx = 1\nprint(x)\n### END SOLUTION",
                                            metadata={"nbgrader": dict(ANSWER)})])
     nbformat.write(nb, tmp_path / "solutions" / "05_demo.ipynb")
     assert main(["assign", "--root", str(tmp_path)]) == 0
@@ -91,3 +91,22 @@ def test_course_assign_command_writes_exercises(tmp_path):
     assert out.cells[0].source == "# YOUR CODE HERE\nraise NotImplementedError()"
     with pytest.raises(assign.AssignError, match="NN_topic"):
         assign.lesson_of(Path("setup.ipynb"))
+
+
+def test_a_question_answer_becomes_a_placeholder_that_runs():
+    source = "# shape of q kᵀ?\n### BEGIN SOLUTION\nscores_shape = (2, 3, 5, 5)\nbest = 'b'\n### END SOLUTION\n"
+    stub = assign.strip_solution(source, "code", "test")
+    assert stub == "# shape of q kᵀ?\nscores_shape = ...  # YOUR ANSWER HERE\nbest = ...  # YOUR ANSWER HERE\n"
+    for not_only_assignments in ("x = 1\nprint(x)", "x == 1", "    x = 1"):
+        source = f"### BEGIN SOLUTION\n{not_only_assignments}\n### END SOLUTION"
+        assert "raise NotImplementedError()" in assign.strip_solution(source, "code", "test")
+
+
+def test_solution_notes_are_dropped_for_students():
+    note = new_markdown_cell("Why: because.", metadata={"tags": [assign.NOTE_TAG]})
+    other = new_markdown_cell("Kept.", metadata={"tags": ["other"]})
+    out = assign.build_exercises(new_notebook(cells=[new_markdown_cell("# 03"), note, other]), "03_topic")
+    assert [c.source for c in out.cells] == ["# 03", "Kept."]
+    for path in (ROOT / "exercises").glob("*.ipynb"):
+        cells = nbformat.read(path, as_version=4).cells
+        assert not any(assign.NOTE_TAG in c.metadata.get("tags", []) for c in cells), path.name

@@ -11,6 +11,7 @@ from pathlib import Path
 import nbformat
 import pandas as pd
 import pytest
+import torch
 
 from course_tools.cli import main
 from course_tools.grading import submission as reading
@@ -252,3 +253,20 @@ def test_rebuild_keeps_pristine_cells_and_drops_checks(tmp_path):
     assert not any(f"check.{name}(" in s or "REGISTRY" in s for s in sources for name in POINTS)
     assert [c.source for c in rebuilt.cells if c.cell_type == "markdown"] == [
         c.source for c in EXERCISE.cells if c.cell_type == "markdown"]
+
+
+def test_question_answers_pass_the_kernel_side_as_values(tmp_path):
+    from course_tools.grading import kernel_side, results
+
+    (tmp_path / "inputs").mkdir()
+    (tmp_path / "out").mkdir()
+    torch.save([((), {})], tmp_path / "inputs" / "q.pt")
+    namespace = {"answered": (2, 3, 5, 5), "letter": "b", "untouched": ...}
+    answer = kernel_side.Answerer(str(tmp_path), namespace)
+    for name in namespace:
+        (tmp_path / "inputs" / f"{name}.pt").write_bytes((tmp_path / "inputs" / "q.pt").read_bytes())
+        answer(name, name)
+    loaded = {n: results.load_results((tmp_path / "out" / f"{n}.pt").read_bytes()) for n in namespace}
+    assert loaded["answered"]["results"] == [{"status": "ok", "value": (2, 3, 5, 5)}]
+    assert loaded["letter"]["results"] == [{"status": "ok", "value": "b"}]
+    assert loaded["untouched"]["results"] == [{"status": "not attempted"}]

@@ -5,6 +5,7 @@ the wrong axis, the mask applied after the softmax)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -41,3 +42,23 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, *, scale: bool = True, s
         scores = scores.masked_fill(~keep, float("-inf"))
     weights = torch.softmax(scores, dim=softmax_dim)
     return weights * keep if keep is not None and mask_after_softmax else weights
+
+
+def _same_answer(got: Any, wrong: Any) -> bool:
+    if isinstance(wrong, (int, float)) and not isinstance(wrong, bool):
+        return close(got, wrong)
+    if isinstance(wrong, tuple) and isinstance(got, (tuple, list)):
+        return tuple(got) == wrong
+    return type(got) is type(wrong) and got == wrong
+
+
+def known_wrong(table: dict[Any, str]) -> Callable[[Any, Any, Any], str | None]:
+    """The hint of a question: the misconception behind each known wrong answer (a number, a
+    tuple, a letter), and the form of a letter written in capitals or with spaces."""
+
+    def hint(case: Any, got: Any, expected: Any) -> str | None:
+        if isinstance(got, str) and isinstance(expected, str) and got.strip().lower() == expected:
+            return f"write just the letter, in lower case: {got.strip().lower()!r}"
+        return next((why for wrong, why in table.items() if _same_answer(got, wrong)), None)
+
+    return hint

@@ -1,5 +1,6 @@
 """Exercises of lesson 02: a stable softmax, the weights of one query, one attention head,
-causal attention and a padding mask from lengths.
+causal attention and a padding mask from lengths; four self-check questions and one experiment
+(where the unscaled softmax saturates).
 
 The hints rebuild the usual mistakes (wrong softmax axis, no √d_k, mask applied after the softmax,
 the mask turned upside down) and say which one an answer matches.
@@ -11,8 +12,8 @@ import math
 
 import torch
 
-from course_tools.checks import Case, exercise
-from course_tools.references._shared import attention_weights, close
+from course_tools.checks import Case, exercise, question
+from course_tools.references._shared import attention_weights, close, known_wrong
 from course_utils.attention import causal_mask, padding_mask, scaled_dot_product_attention, softmax
 
 
@@ -174,3 +175,74 @@ def _padding_hint(case: Case, got, expected) -> str | None:
 def lengths_to_mask(lengths: torch.Tensor, max_len: int) -> torch.Tensor:
     """lengths (B,) of int -> (B, max_len) bool, True at the first lengths[b] positions of row b."""
     return padding_mask(lengths, max_len)
+
+
+# --- self-check questions ------------------------------------------------------------------------
+
+@question(explain="each of the 5 queries gets one score per key (5 keys), in each of the 3 heads of each of "
+                  "the 2 sequences: d_k is summed away.",
+          hints=[known_wrong({
+              (2, 3, 5, 8): "the product sums over d_k: each (query, key) pair gives one number, so d_k disappears",
+              (2, 3, 8, 8): "that contracts over T: transpose the last two axes of k, not of q",
+              (2, 5, 3, 5): "the heads stay where they are: (B, H, T, S)",
+              (2, 5, 5): "each head has its own score matrix: the H = 3 axis stays",
+          })])
+def scores_shape() -> tuple:
+    """The shape of q @ k.transpose(-2, -1) for q, k of shape (B=2, H=3, T=5, d_k=8)."""
+    return (2, 3, 5, 5)
+
+
+@question(explain="q·k sums 64 independent products of variance 1, and variances of independent terms add: 64.",
+          atol=0.5,
+          hints=[known_wrong({
+              8: "8 = √64 is the standard deviation; the variance is its square",
+              1: "1 is the variance after dividing by √d_k; the question asks before the scaling",
+              4096: "the variances of the 64 independent products add up: 64 × 1, not 64²",
+          })])
+def unscaled_variance() -> float:
+    """The variance of q·k for q, k with d_k = 64 independent entries of mean 0 and variance 1."""
+    return 64.0
+
+
+@question(explain="row t may attend to keys 0..t: the lower triangle with its diagonal (torch.tril).",
+          hints=[known_wrong({
+              "a": "in (a) row 0 sees every key: that lets each query see the future (the mask is upside down)",
+              "c": "in (c) no position sees itself; a causal mask keeps the diagonal (key t for query t)",
+              "d": "in (d) each position sees only itself; a causal mask also keeps the past",
+          })])
+def causal_choice() -> str:
+    """Multiple choice: which of four 3 × 3 masks (True = may attend) is causal."""
+    return "b"
+
+
+@question(explain="equal scores give equal weights, and the 8 weights sum to one: 1/8 = 0.125.", atol=1e-3,
+          hints=[known_wrong({
+              1: "the weights of one query sum to one over the keys; equal scores share it",
+              0: "equal scores do not cancel out: the softmax shares the weight equally",
+              0.5: "there are 8 keys, not 2",
+          })])
+def uniform_weight() -> float:
+    """The weight of each key when all 8 scores of one query are equal."""
+    return 1 / 8
+
+
+# --- experiment ----------------------------------------------------------------------------------
+
+def _mean_max_weight(d_k: int, n_queries: int = 4_000, n_keys: int = 16) -> float:
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(n_queries, 1, d_k, generator=gen), torch.randn(n_queries, n_keys, d_k, generator=gen)
+    return float(softmax(q @ k.transpose(-2, -1), dim=-1).amax(dim=-1).mean())
+
+
+@question(explain="unscaled scores have standard deviation √d_k: the gap between the best key and the rest "
+                  "grows with it, and the mean largest weight passes 0.9 between d_k = 128 (about 0.89) and 256.",
+          hints=[known_wrong({
+              128: "at d_k = 128 the mean largest weight is about 0.89, just under 0.9: average over more queries",
+              1024: "d_k = 1024 is the notebook's last row; a smaller d_k already passes 0.9",
+              512: "a smaller d_k already passes 0.9: measure every power of two, from 1 up",
+              64: "at d_k = 64 the mean largest weight is about 0.85: are your scores scaled by √d_k? They must not be",
+          })])
+def smallest_saturating_d_k() -> int:
+    """Experiment: the smallest d_k in 1, 2, 4, ..., 1024 at which the unscaled softmax over 16 keys
+    puts more than 0.9 on its largest weight, on average over random N(0, 1) queries and keys."""
+    return next(d for d in (2**i for i in range(11)) if _mean_max_weight(d) > 0.9)
