@@ -20,7 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 LESSON = "00_setup"
 SOLUTION = nbformat.read(ROOT / "solutions" / f"{LESSON}.ipynb", as_version=4)
 EXERCISE = nbformat.read(ROOT / "exercises" / f"{LESSON}.ipynb", as_version=4)
-POINTS = {"flatten_tokens": 1, "mean_over_time": 1, "pairwise_dots": 2}
+FUNCTIONS = {"flatten_tokens": 1, "mean_over_time": 1, "pairwise_dots": 2}  # the fixtures' exercises
+POINTS = reading.exercise_cells(EXERCISE)[1]  # every scored item: the functions, the questions, the experiment
+FULL = sum(POINTS.values())
 
 
 def answer_index(nb, grade_id):
@@ -41,7 +43,7 @@ def solution_source(grade_id):
     return SOLUTION.cells[answer_index(SOLUTION, grade_id)].source
 
 
-RIGHT = {name: solution_source(name) for name in POINTS}
+RIGHT = {name: solution_source(name) for name in FUNCTIONS}
 LOOP = "def flatten_tokens(x):\n    while True:\n        pass\n"
 WRONG_FLATTEN = "def flatten_tokens(x):\n    return x.reshape(-1, x.shape[-1]) * 2\n"
 
@@ -49,7 +51,7 @@ WRONG_FLATTEN = "def flatten_tokens(x):\n    return x.reshape(-1, x.shape[-1]) *
 def tamper_checks(nb):
     for cell in nb.cells:
         meta = cell.metadata.get("nbgrader", {})
-        if meta.get("grade"):
+        if meta.get("grade") and not meta.get("solution"):  # the check cells, not a hand-graded answer
             cell.source = "print('flatten_tokens: 3/3 cases passed (all cases passed)')"
             meta["points"] = 100
     nb.cells.append(nbformat.v4.new_code_cell("from course_tools import checks\nchecks.REGISTRY.clear()"))
@@ -131,23 +133,23 @@ def graded(tmp_path_factory):
 
 
 def scores(row):
-    return {e["name"]: e["points"] for e in row["exercises"]}
+    return {e["name"]: e["points"] for e in row["exercises"] if e["name"] in FUNCTIONS}
 
 
 def statuses(row):
-    return {e["name"]: e["status"] for e in row["exercises"]}
+    return {e["name"]: e["status"] for e in row["exercises"] if e["name"] in FUNCTIONS}
 
 
 def test_solutions_get_full_marks(graded):
     row = graded["rows"]["full"]
-    assert (row["total"], row["max"], row["lesson"]) == (4, 4, LESSON)
-    assert set(statuses(row).values()) == {"pass"}
+    assert (row["total"], row["max"], row["lesson"]) == (FULL, FULL, LESSON)
+    assert {e["status"] for e in row["exercises"]} == {"pass"}
 
 
 def test_fresh_exercises_get_zero_not_attempted(graded):
     row = graded["rows"]["fresh"]
-    assert (row["total"], row["max"], row["status"]) == (0, 4, "not attempted")
-    assert set(statuses(row).values()) == {"not attempted"}
+    assert (row["total"], row["max"], row["status"]) == (0, FULL, "not attempted")
+    assert {e["status"] for e in row["exercises"]} == {"not attempted"}
 
 
 def test_half_done_gets_partial_marks(graded):
@@ -188,7 +190,7 @@ def test_memory_hungry_answer_loses_only_its_points(graded):
 
 def test_tampered_check_cells_change_nothing(graded):
     row = graded["rows"]["tamper"]
-    assert (row["total"], row["max"]) == (0, 4)
+    assert (row["total"], row["max"]) == (0, FULL)
     assert statuses(row)["flatten_tokens"] == "fail"
 
 
@@ -231,7 +233,7 @@ def test_gradebook_has_one_row_per_submission(graded):
     book = pd.read_csv(graded["out"] / "gradebook.csv")
     assert len(book) == len(SUBMISSIONS) + len(BAD_FILES)
     assert list(book.columns) == ["student", "file", "lesson", *POINTS, "total", "max", "status", "flags", "sandbox"]
-    assert book.set_index("student").loc["full", "total"] == 4
+    assert book.set_index("student").loc["full", "total"] == FULL
 
 
 def test_feedback_names_the_failing_case(graded):

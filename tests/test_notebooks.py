@@ -101,7 +101,7 @@ def test_exercise_cells_are_registered_and_checked(path):
         meta = cell.metadata.get("nbgrader")
         if not meta:
             continue
-        if meta.get("solution"):
+        if meta.get("solution") and cell.cell_type == "code":  # markdown answers are graded by hand
             answers[meta["grade_id"]] = cell
         if meta.get("grade"):
             graded[meta["grade_id"]] = (meta, cell)
