@@ -22,7 +22,7 @@ SOLUTION = nbformat.read(ROOT / "solutions" / f"{LESSON}.ipynb", as_version=4)
 EXERCISE = nbformat.read(ROOT / "exercises" / f"{LESSON}.ipynb", as_version=4)
 FUNCTIONS = {"flatten_tokens": 1, "mean_over_time": 1, "pairwise_dots": 2}  # the fixtures' exercises
 POINTS = reading.exercise_cells(EXERCISE)[1]  # every scored item: the functions, the questions, the experiment
-FULL = sum(POINTS.values())
+FULL = int(sum(POINTS.values()))
 
 
 def answer_index(nb, grade_id):
