@@ -1,11 +1,11 @@
-"""The ``course`` command: doctor, run, assign, grade, train, sample, bench."""
+"""The ``course`` command: doctor, run, assign, grade, train, sample, bench, translate, slides."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from course_tools import assign, doctor, grade, notebook_run
+from course_tools import assign, doctor, grade, notebook_run, slides, translate
 from course_tools.commands import bench, sample, train
 
 # subcommand -> the module that registers it with add_parser(subparsers)
@@ -17,6 +17,8 @@ COMMANDS = {
     "train": train,
     "sample": sample,
     "bench": bench,
+    "translate": translate,
+    "slides": slides,
 }
 
 

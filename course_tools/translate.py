@@ -1,0 +1,182 @@
+"""Language editions built from one source: translation files + the English notebooks -> notebooks/<lang>/.
+
+A translation file `notebooks/<lang>/NN_topic.yaml` holds, per English markdown cell id, the translated
+text and a short hash of the English source it translates. `course translate ko` copies the English
+notebook (code cells and stored outputs unchanged, so nothing is executed again) and swaps the prose;
+`--check` reports stale, missing and untranslated entries and built files that differ from the committed ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+# section of a translation file -> the English folder whose notebook it translates
+SECTIONS = {"notebooks": "notebooks", "exercises": "exercises"}
+
+
+def source_hash(text: str) -> str:
+    """Short hash of an English cell's source: 8 hex digits of its SHA-256."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
+
+
+@dataclass
+class Edition:
+    """What one translation file builds: output path -> notebook text, plus the problems found."""
+
+    files: dict[Path, str] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+
+def translation_files(root: Path, lang: str) -> list[Path]:
+    return sorted((root / "notebooks" / lang).glob("*.yaml"))
+
+
+def load_translation(path: Path) -> dict:
+    """Read a translation file; a malformed one raises ValueError naming the file."""
+    import yaml  # a developer tool: imported here so the learners' `course` runs without PyYAML
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path.name}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    unknown = set(data) - set(SECTIONS)
+    if unknown:
+        raise ValueError(f"{path.name}: unknown sections {sorted(unknown)}; use {sorted(SECTIONS)}")
+    return data
+
+
+def translate_cells(nb: nbformat.NotebookNode, entries: dict, where: str) -> tuple[nbformat.NotebookNode, list[str]]:
+    """Copy `nb`, replacing each markdown cell by its translation; return the copy and the problems.
+
+    `where` names the lesson in messages, e.g. "09_modern_decoder (notebooks)".
+    """
+    out, problems = copy.deepcopy(nb), []
+    entries = entries or {}
+    prose_ids = set()
+    for cell in out.cells:
+        if cell.cell_type != "markdown":
+            continue
+        prose_ids.add(cell.id)
+        entry, current = entries.get(cell.id), source_hash(cell.source)
+        if not entry or not str(entry.get("text", "")).strip():
+            problems.append(f"{where}: cell {cell.id} has no translation (add it with hash: {current})")
+            continue
+        text = str(entry["text"]).rstrip("\n")
+        if str(entry.get("hash")) != current:
+            problems.append(f"{where}: cell {cell.id} is stale: the English changed (hash {entry.get('hash')} "
+                            f"-> {current}); update its text and set hash: {current}")
+        elif text == cell.source:
+            problems.append(f"{where}: cell {cell.id} is untranslated (its text equals the English)")
+        cell.source = text
+    for orphan in sorted(set(entries) - prose_ids):
+        problems.append(f"{where}: entry {orphan} matches no markdown cell of the English notebook; remove it")
+    return out, problems
+
+
+def build_file(root: Path, path: Path) -> Edition:
+    """Build the notebooks one translation file describes (notebooks/<lang>/NN.ipynb, exercises/<lang>/NN.ipynb)."""
+    lang, lesson = path.parent.name, path.stem
+    edition = Edition()
+    data = load_translation(path)
+    for section, folder in SECTIONS.items():
+        english = root / folder / f"{lesson}.ipynb"
+        if not english.exists():
+            if section in data:
+                edition.problems.append(f"{lesson} ({section}): no English notebook {folder}/{lesson}.ipynb")
+            continue
+        nb = nbformat.read(english, as_version=4)
+        built, problems = translate_cells(nb, data.get(section), f"{lesson} ({section})")
+        built.metadata["course_edition"] = {"lang": lang, "source": f"{folder}/{lesson}.ipynb"}
+        edition.files[root / folder / lang / f"{lesson}.ipynb"] = nbformat.writes(built) + "\n"
+        edition.problems += problems
+    return edition
+
+
+def build(root: Path, lang: str) -> Edition:
+    """Build every lesson that has a translation file for `lang`."""
+    edition = Edition()
+    paths = translation_files(root, lang)
+    if not paths:
+        edition.problems.append(f"no translation files in notebooks/{lang}/; start one with "
+                                f"`course translate {lang} --scaffold NN_topic`")
+    for path in paths:
+        part = build_file(root, path)
+        edition.files.update(part.files)
+        edition.problems += part.problems
+    return edition
+
+
+def out_of_date(root: Path, edition: Edition) -> list[str]:
+    """Built files that differ from (or are missing among) the committed ones."""
+    stale = []
+    for path, text in edition.files.items():
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            stale.append(f"{path.relative_to(root)} differs from its build; run `course translate {path.parent.name}`")
+    return stale
+
+
+def scaffold(root: Path, lang: str, lesson: str) -> Path:
+    """Write notebooks/<lang>/<lesson>.yaml with every missing prose cell (English text + hash) to translate."""
+    import yaml
+
+    path = root / "notebooks" / lang / f"{lesson}.yaml"
+    data = load_translation(path) if path.exists() else {}
+    for section, folder in SECTIONS.items():
+        english = root / folder / f"{lesson}.ipynb"
+        if not english.exists():
+            continue
+        entries = data.setdefault(section, {})
+        for cell in nbformat.read(english, as_version=4).cells:
+            if cell.cell_type == "markdown" and cell.id not in entries:
+                entries[cell.id] = {"hash": source_hash(cell.source), "text": cell.source}
+    yaml.add_representer(str, _literal_str, Dumper=yaml.SafeDumper)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, allow_unicode=True, sort_keys=False, width=1000), encoding="utf-8")
+    return path
+
+
+def _literal_str(dumper, text: str):
+    style = "|" if "\n" in text else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+def main(args: argparse.Namespace) -> int:
+    root = Path(args.root)
+    try:
+        if args.scaffold:
+            print(f"wrote {scaffold(root, args.lang, args.scaffold).relative_to(root)}: translate each text "
+                  "(entries equal to the English are reported as untranslated)")
+            return 0
+        edition = build(root, args.lang)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"course translate: {exc}", file=sys.stderr)
+        return 2
+    problems = edition.problems + (out_of_date(root, edition) if args.check else [])
+    for line in problems:
+        print(line, file=sys.stderr)
+    if args.check:
+        print(f"{len(edition.files)} notebooks checked, {len(problems)} problems")
+        return 1 if problems else 0
+    for path, text in edition.files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    print(f"wrote {len(edition.files)} notebooks ({len(edition.problems)} problems; "
+          "cells without a translation keep the English)")
+    return 1 if edition.problems else 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("translate", help="build the notebooks of a language edition from notebooks/<lang>/*.yaml")
+    p.add_argument("lang", help="language code, e.g. ko")
+    p.add_argument("--check", action="store_true", help="write nothing; report stale, missing or out-of-date files")
+    p.add_argument("--scaffold", metavar="LESSON", help="start or complete notebooks/<lang>/LESSON.yaml")
+    p.add_argument("--root", default=str(ROOT), help=argparse.SUPPRESS)
+    p.set_defaults(func=main)

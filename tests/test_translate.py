@@ -1,0 +1,121 @@
+"""Language editions (notebooks/<lang>/*.yaml -> notebooks/<lang>/, exercises/<lang>/) stay in sync with the English."""
+
+import re
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_tools import translate
+from course_tools.grading import submission
+
+ROOT = Path(__file__).resolve().parent.parent
+LANGS = sorted(p.name for p in (ROOT / "notebooks").iterdir() if p.is_dir() and list(p.glob("*.yaml")))
+FILES = [p for lang in LANGS for p in translate.translation_files(ROOT, lang)]
+HANGUL = re.compile(r"[\uac00-\ud7a3]")
+
+
+def built(lang):
+    return translate.build(ROOT, lang)
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_every_prose_cell_translated_and_current(lang):
+    assert built(lang).problems == []
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_committed_notebooks_equal_the_build(lang):
+    edition = built(lang)
+    assert len(edition.files) == 2 * len(translate.translation_files(ROOT, lang))
+    assert translate.out_of_date(ROOT, edition) == []
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_code_and_outputs_identical_to_english(path):
+    for folder in translate.SECTIONS.values():
+        english = nbformat.read(ROOT / folder / f"{path.stem}.ipynb", as_version=4)
+        other = nbformat.read(ROOT / folder / path.parent.name / f"{path.stem}.ipynb", as_version=4)
+        assert [(c.id, c.cell_type) for c in other.cells] == [(c.id, c.cell_type) for c in english.cells]
+        for mine, theirs in zip(other.cells, english.cells, strict=True):
+            assert mine.metadata == theirs.metadata
+            if mine.cell_type == "code":
+                assert (mine.source, mine.outputs, mine.execution_count) == \
+                       (theirs.source, theirs.outputs, theirs.execution_count)
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if p.parent.name == "ko"], ids=lambda p: p.stem)
+def test_korean_prose_is_korean(path):
+    nb = nbformat.read(ROOT / "notebooks" / "ko" / f"{path.stem}.ipynb", as_version=4)
+    english = [c for c in nb.cells if c.cell_type == "markdown" and not HANGUL.search(c.source)]
+    assert english == [], [c.id for c in english]
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_exercise_edition_grades_like_english(path):
+    """Same grade ids, points and lesson metadata: the grader identifies it as the English lesson."""
+    english = nbformat.read(ROOT / "exercises" / f"{path.stem}.ipynb", as_version=4)
+    mine_path = ROOT / "exercises" / path.parent.name / f"{path.stem}.ipynb"
+    assert submission.exercise_cells(nbformat.read(mine_path, as_version=4)) == submission.exercise_cells(english)
+    parsed = submission.parse(mine_path.read_bytes())
+    assert submission.identify_lesson(parsed, {path.stem: english}) == path.stem
+
+
+def copy_lesson(tmp_path, lesson="09_modern_decoder", lang="ko"):
+    for folder in ("notebooks", "exercises"):
+        (tmp_path / folder).mkdir()
+        shutil.copy(ROOT / folder / f"{lesson}.ipynb", tmp_path / folder)
+    (tmp_path / "notebooks" / lang).mkdir()
+    shutil.copy(ROOT / "notebooks" / lang / f"{lesson}.yaml", tmp_path / "notebooks" / lang)
+    return tmp_path / "notebooks" / f"{lesson}.ipynb"
+
+
+def first_markdown(nb):
+    return next(c for c in nb.cells if c.cell_type == "markdown")
+
+
+def test_editing_english_cell_fails_naming_lesson_and_cell(tmp_path, capsys):
+    english = copy_lesson(tmp_path)
+    nb = nbformat.read(english, as_version=4)
+    cell = first_markdown(nb)
+    cell.source += "\nOne more sentence."
+    nbformat.write(nb, english)
+    problems = translate.build(tmp_path, "ko").problems
+    assert len(problems) == 1
+    assert problems[0].startswith(f"09_modern_decoder (notebooks): cell {cell.id} is stale")
+    assert translate.source_hash(cell.source) in problems[0]
+    rc = translate.main(type("A", (), {"root": str(tmp_path), "lang": "ko", "check": True, "scaffold": None})())
+    assert rc == 1 and f"cell {cell.id} is stale" in capsys.readouterr().err
+
+
+def test_missing_orphan_and_untranslated_entries_are_reported(tmp_path):
+    english = copy_lesson(tmp_path)
+    nb = nbformat.read(english, as_version=4)
+    nb.cells.insert(1, nbformat.v4.new_markdown_cell("A new paragraph.", id="feedf00d"))
+    nbformat.write(nb, english)
+    yaml_path = tmp_path / "notebooks" / "ko" / "09_modern_decoder.yaml"
+    text = yaml_path.read_text(encoding="utf-8").replace("  163e11a0:", "  deadbeef:")
+    yaml_path.write_text(text, encoding="utf-8")
+    problems = "\n".join(translate.build(tmp_path, "ko").problems)
+    assert "cell feedf00d has no translation" in problems
+    assert "cell 163e11a0 has no translation" in problems
+    assert "entry deadbeef matches no markdown cell" in problems
+    translate.scaffold(tmp_path, "ko", "09_modern_decoder")  # adds the English as a placeholder
+    problems = "\n".join(translate.build(tmp_path, "ko").problems)
+    assert "cell feedf00d is untranslated" in problems and "has no translation" not in problems
+
+
+def test_build_writes_then_check_passes(tmp_path):
+    copy_lesson(tmp_path)
+    args = type("A", (), {"root": str(tmp_path), "lang": "ko", "check": False, "scaffold": None})()
+    assert translate.main(args) == 0
+    args.check = True
+    assert translate.main(args) == 0
+    assert (tmp_path / "exercises" / "ko" / "09_modern_decoder.ipynb").exists()
+
+
+def test_korean_notebooks_are_not_collected_by_nbval():
+    for folder in ("notebooks", "exercises"):
+        conftest = (ROOT / folder / "ko" / "conftest.py").read_text()
+        assert 'collect_ignore_glob = ["*.ipynb"]' in conftest
