@@ -19,7 +19,7 @@ from urllib.parse import unquote, urlsplit
 
 DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
-PAGES = ["notebooks/*.ipynb", "exercises/*.ipynb"]
+PAGES = ["notebooks/*.ipynb", "exercises/*.ipynb", "notebooks/ko/*.ipynb", "exercises/ko/*.ipynb"]
 REFERENCE = ["notebooks/*.md", "*.md"]  # glossary, lecture maps, CONTRIBUTING: every Markdown page but the README
 VENDOR = {  # file or folder in docs/node_modules -> where the pages load it from (under _static/vendor)
     "mathjax/es5": "mathjax",
@@ -31,6 +31,10 @@ SECTIONS = {  # folder -> (title, intro) of its index page, which lists the fold
                   "Download a notebook (link on each page) to run it in your own Jupyter."),
     "exercises": ("Exercises", "The exercise notebooks, read-only here: download one (link on each page), "
                   "fill in the functions and run the check cells in your own Jupyter."),
+    "notebooks/ko": ("한국어판 레슨 (Korean edition)", "영어판과 같은 코드와 저장된 출력에 한국어 설명을 붙인 레슨입니다. "
+                     "번역이 끝난 레슨만 실려 있습니다 (`course translate ko`로 만듭니다)."),
+    "exercises/ko": ("한국어판 연습문제 (Korean exercises)", "영어판과 채점 ID가 같은 한국어 연습문제 노트북입니다. "
+                     "내려받아 자신의 Jupyter에서 풀고 확인 셀을 실행하세요."),
 }
 HOME_NAV = """
 
@@ -39,6 +43,8 @@ HOME_NAV = """
 
 notebooks/index
 exercises/index
+notebooks/ko/index
+exercises/ko/index
 reference
 ```
 """
@@ -104,7 +110,7 @@ def sphinx(src: Path, out: Path) -> None:
            "-d", str(src / ".doctrees")]
     if subprocess.run(cmd).returncode != 0:
         raise BuildError("sphinx-build reported warnings or errors (above)")
-    for name in lesson_names("notebooks") + lesson_names("exercises"):
+    for name in [name for folder in SECTIONS for name in lesson_names(folder)]:
         shutil.copy2(src / f"{name}.ipynb", out / f"{name}.ipynb")
 
 
@@ -156,7 +162,7 @@ def broken_links(out: Path) -> list[str]:
 def check(out: Path) -> None:
     """Every lesson and exercise has its page and download, the home page exists, no internal link is broken."""
     wanted = ["index.html", "search.html", "notebooks/GLOSSARY.html"]
-    for name in lesson_names("notebooks") + lesson_names("exercises"):
+    for name in [name for folder in SECTIONS for name in lesson_names(folder)]:
         wanted += [f"{name}.html", f"{name}.ipynb"]
     missing = [name for name in wanted if not (out / name).exists()]
     if missing:
