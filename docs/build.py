@@ -31,9 +31,11 @@ SECTIONS = {  # folder -> (title, intro) of its index page, which lists the fold
                   "Download a notebook (link on each page) to run it in your own Jupyter."),
     "exercises": ("Exercises", "The exercise notebooks, read-only here: download one (link on each page), "
                   "fill in the functions and run the check cells in your own Jupyter."),
-    "notebooks/ko": ("한국어판 레슨 (Korean edition)", "영어판과 같은 코드와 저장된 출력에 한국어 설명을 붙인 레슨입니다. "
+    "notebooks/ko": ("한국어판 레슨 (Korean edition)",
+                     "영어판과 같은 코드와 저장된 출력에 한국어 설명을 붙인 레슨입니다. "
                      "번역이 끝난 레슨만 실려 있습니다 (`course translate ko`로 만듭니다)."),
-    "exercises/ko": ("한국어판 연습문제 (Korean exercises)", "영어판과 채점 ID가 같은 한국어 연습문제 노트북입니다. "
+    "exercises/ko": ("한국어판 연습문제 (Korean exercises)",
+                     "영어판과 채점 ID가 같은 한국어 연습문제 노트북입니다. "
                      "내려받아 자신의 Jupyter에서 풀고 확인 셀을 실행하세요."),
 }
 HOME_NAV = """
