@@ -40,13 +40,14 @@ def export(checkpoint: Path, name: str = NAME, folder: Path = pretrained.FOLDER)
     target = folder / f"{name}.pt"
     torch.save({"model": ckpt["model"], "model_config": ckpt["model_config"], "tokenizer": ckpt["tokenizer"]},
                target)
-    (folder / f"{name}.json").write_text(json.dumps({"file": target.name, "sha256": pretrained.sha256_of(target)}))
+    digest = pretrained.sha256_of(target)
+    (folder / f"{name}.json").write_text(json.dumps({"file": target.name, "sha256": digest}))
     model, tokenizer = pretrained.load(name)  # read back the way learners will
     last = {key: round(ckpt["history"][key][-1], 4) for key in ("train_loss", "val_loss")}
     info = {
         "name": name,
         "file": target.name,
-        "sha256": pretrained.sha256_of(target),
+        "sha256": digest,
         "size_bytes": target.stat().st_size,
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         "command": "course train " + " ".join(a for a in TRAIN_ARGS if a != "--quiet"),

@@ -10,7 +10,6 @@ Shapes: ``T`` = the model's ``max_len``, ``W`` windows of the fixed slice.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from course_utils import data, gpt
+from course_utils.data import sha256_of
 from course_utils.tokenize import Tokenizer, load_tokenizer
 
 FOLDER = Path(__file__).resolve().parent
@@ -35,10 +35,6 @@ def card(name: str) -> dict:
     if not path.is_file():
         raise KeyError(f"no shipped model named {name!r}; shipped: {', '.join(names()) or 'none'}")
     return json.loads(path.read_text(encoding="utf-8"))
-
-
-def sha256_of(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def load(name: str = "shakespeare_char_small", device: str | torch.device = "cpu") -> tuple[gpt.GPT, Tokenizer]:
