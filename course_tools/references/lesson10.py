@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from course_tools.checks import Case, exercise
 from course_tools.references._shared import close as _close
 from course_utils import encoder_decoder
+from course_utils.attention import causal_mask, merge_heads, scaled_dot_product_attention, split_heads
 
 PAD = encoder_decoder.PAD
 
@@ -29,20 +30,18 @@ def _w(gen: torch.Generator, *shape: int) -> torch.Tensor:
 # ------------------------------------------------------------------ cross-attention
 
 def _attend(q_in, kv_in, w, n_heads, prefix="", keep=None, causal=False, scale=True):
-    """Multi-head attention with matrices as x @ W: queries from q_in, keys/values from kv_in."""
-    B, T, D = q_in.shape
-    S = kv_in.shape[1]
-
-    def heads(x, name):
-        return (x @ w[prefix + name]).view(B, x.shape[1], n_heads, D // n_heads).transpose(1, 2)
-
-    q, k, v = heads(q_in, "W_Q"), heads(kv_in, "W_K"), heads(kv_in, "W_V")
-    scores = q @ k.transpose(-2, -1) / (math.sqrt(D // n_heads) if scale else 1.0)
-    if keep is not None:
-        scores = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
+    """Multi-head attention from the library's pieces, with matrices as x @ W: queries from q_in,
+    keys/values from kv_in; ``scale=False`` undoes the 1/√d_k (a usual mistake the hints look for)."""
+    q, k, v = (split_heads(x @ w[prefix + name], n_heads)
+               for x, name in ((q_in, "W_Q"), (kv_in, "W_K"), (kv_in, "W_V")))
+    if not scale:
+        q = q * math.sqrt(q.shape[-1])
+    mask = None if keep is None else keep[:, None, None, :]
     if causal:
-        scores = scores.masked_fill(~torch.ones(T, S, dtype=torch.bool).tril(), float("-inf"))
-    return (torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(B, T, D) @ w[prefix + "W_O"]
+        order = causal_mask(q_in.shape[1], kv_in.shape[1])
+        mask = order if mask is None else mask & order
+    out, _ = scaled_dot_product_attention(q, k, v, mask=mask)
+    return merge_heads(out) @ w[prefix + "W_O"]
 
 
 def _cross_cases(gen: torch.Generator) -> list[Case]:
