@@ -1,0 +1,89 @@
+"""Every lesson follows the learning design of CONTRIBUTING.md: orientation, predict-then-run,
+self-check questions, one experiment with a written explanation, task texts that name what is
+practised, and an explained answer after every check."""
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# Lessons still being brought to the design (each removes itself when it lands; empty when done).
+PENDING = {"01", "03", "04", "05", "06", "07", "08", "09", "10"}
+LESSONS = sorted(p.name for p in (ROOT / "solutions").glob("[0-9][0-9]_*.ipynb") if p.name[:2] not in PENDING)
+
+
+def cells(folder: str, name: str) -> list:
+    return nbformat.read(ROOT / folder / name, as_version=4).cells
+
+
+def grading(cell) -> dict:
+    return cell.metadata.get("nbgrader", {})
+
+
+def is_check(cell) -> bool:
+    return cell.cell_type == "code" and grading(cell).get("grade") and not grading(cell).get("solution")
+
+
+def is_note(cell) -> bool:
+    return cell.cell_type == "markdown" and "solution-note" in cell.metadata.get("tags", [])
+
+
+@pytest.mark.parametrize("name", LESSONS)
+def test_orientation_states_time_prerequisites_and_outcomes(name):
+    for folder in ("notebooks", "solutions"):
+        first = cells(folder, name)[0].source
+        assert "**Time:**" in first, f"{folder}/{name}: the first cell needs a '**Time:**' line"
+    first = cells("notebooks", name)[0].source
+    for part in ("**Prerequisites:**", "**You will be able to**"):
+        assert part in first, f"notebooks/{name}: the first cell needs '{part}'"
+    assert re.search(r"measured", first), f"notebooks/{name}: quote the measured compute time"
+
+
+@pytest.mark.parametrize("name", LESSONS)
+def test_at_least_two_predictions_each_revealed(name):
+    code = [c.source for c in cells("notebooks", name) if c.cell_type == "code"]
+    asked = {m for s in code for m in re.findall(r"^(prediction_\w+) = \.\.\.", s, re.M)}
+    revealed = {m for s in code for m in re.findall(r"reveal\(\s*(prediction_\w+)", s)}
+    assert len(asked) >= 2, f"notebooks/{name}: {len(asked)} 'prediction_... = ...' cells, need 2"
+    assert asked <= revealed, f"notebooks/{name}: never revealed: {sorted(asked - revealed)}"
+
+
+@pytest.mark.parametrize("name", LESSONS)
+def test_self_check_has_three_to_six_questions(name):
+    nb = cells("solutions", name)
+    start = next((i for i, c in enumerate(nb) if c.cell_type == "markdown"
+                  and c.source.startswith("## Self-check")), None)
+    assert start is not None, f"solutions/{name}: no '## Self-check' section"
+    end = next((i for i, c in enumerate(nb) if i > start and c.cell_type == "markdown"
+                and c.source.startswith("## ")), len(nb))
+    questions = [c for c in nb[start:end] if c.cell_type == "code" and grading(c).get("solution")
+                 and re.fullmatch(r"### BEGIN SOLUTION\n\w+ = .+\n### END SOLUTION", c.source.strip(), re.S)]
+    assert 3 <= len(questions) <= 6, f"solutions/{name}: {len(questions)} self-check questions"
+
+
+@pytest.mark.parametrize("name", LESSONS)
+def test_one_experiment_with_a_written_explanation(name):
+    nb = cells("solutions", name)
+    assert any(c.cell_type == "markdown" and c.source.startswith("## Experiment") for c in nb), \
+        f"solutions/{name}: no '## Experiment' section"
+    written = [c for c in nb if c.cell_type == "markdown" and grading(c).get("grade") and grading(c).get("solution")]
+    assert written, f"solutions/{name}: the experiment needs a manually graded explanation cell"
+
+
+@pytest.mark.parametrize("name", LESSONS)
+def test_every_check_is_explained(name):
+    nb = cells("solutions", name)
+    for i, cell in enumerate(nb):
+        if is_check(cell):
+            following = nb[i + 1:i + 3]
+            assert any(is_note(c) and c.source.startswith("**Why this answer.**") for c in following), \
+                f"solutions/{name}: no 'Why this answer' note after {grading(cell)['grade_id']}"
+
+
+@pytest.mark.parametrize("name", LESSONS)
+def test_every_exercise_says_what_it_practises(name):
+    for cell in cells("solutions", name):
+        if cell.cell_type == "markdown" and re.match(r"## (Exercise|Experiment)", cell.source):
+            assert "*Practises:" in cell.source, f"solutions/{name}: {cell.source.splitlines()[0]!r}"
