@@ -7,6 +7,7 @@ pre-runs the course on a GPU server before class.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from pathlib import Path
@@ -17,12 +18,38 @@ from nbclient.exceptions import CellExecutionError, CellTimeoutError
 from course_tools.notebook_exec import execute, make_client
 from course_utils import runtime
 
+SLOW_CELL_S = 5.0  # a cell a lecturer would rather pre-run than wait for
+
+
+class CellClock:
+    """Wall-clock seconds of every code cell, with the section heading it sits under, so a
+    lecturer can see which cells to pre-run (nbclient calls ``start``/``stop`` around each cell)."""
+
+    def __init__(self, nb: nbformat.NotebookNode) -> None:
+        self.nb, self.cells, self._started = nb, [], 0.0
+
+    def start(self, cell: nbformat.NotebookNode, cell_index: int, **_) -> None:
+        self._started = time.perf_counter()
+
+    def stop(self, cell: nbformat.NotebookNode, cell_index: int, **_) -> None:
+        headings = [c.source.splitlines()[0].lstrip("# ") for c in self.nb.cells[:cell_index]
+                    if c.cell_type == "markdown" and c.source.startswith("#")]
+        self.cells.append({"index": cell_index, "id": cell.get("id"), "section": (headings or [""])[-1],
+                           "first_line": (cell.source.splitlines() or [""])[0][:80],
+                           "seconds": round(time.perf_counter() - self._started, 2)})
+
+    def slow(self, threshold: float = SLOW_CELL_S) -> list[dict]:
+        return [c for c in self.cells if c["seconds"] > threshold]
+
 
 def run_notebook(path: Path, mode: str, inplace: bool, cell_timeout: int) -> dict:
-    """Execute one notebook in ``mode``; return a row of the summary table."""
+    """Execute one notebook in ``mode``; return a row of the summary table (with per-cell times)."""
     nb = nbformat.read(path, as_version=4)
     env = {"COURSE_MODE": mode, "TQDM_DISABLE": "1"}
-    client = make_client(nb, path.parent.resolve(), cell_timeout=cell_timeout, env=env)
+    clock = CellClock(nb)
+    client = make_client(nb, path.parent.resolve(), cell_timeout=cell_timeout, env=env,
+                         on_cell_execute=clock.start, on_cell_executed=clock.stop)
+    load_before = os.getloadavg()[0]
     start = time.perf_counter()
     status = "ok"
     try:
@@ -37,7 +64,9 @@ def run_notebook(path: Path, mode: str, inplace: bool, cell_timeout: int) -> dic
         nb.metadata["course"] = {**nb.metadata.get("course", {}), "mode": mode, "device": device}
         if inplace:
             nbformat.write(nb, path)
-    return {"notebook": str(path), "mode": mode, "device": device, "seconds": seconds, "status": status}
+    return {"notebook": str(path), "mode": mode, "device": device, "seconds": seconds, "status": status,
+            "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2),
+            "cells": clock.cells, "slow_cells": clock.slow()}
 
 
 def print_table(rows: list[dict]) -> None:
@@ -45,6 +74,8 @@ def print_table(rows: list[dict]) -> None:
     print(f"{'notebook':<{width}}  {'mode':<5}  {'device':<6}  {'seconds':>8}  status")
     for r in rows:
         print(f"{r['notebook']:<{width}}  {r['mode']:<5}  {r['device']:<6}  {r['seconds']:>8.1f}  {r['status']}")
+        for c in r["slow_cells"]:
+            print(f"  slow cell {c['index']} ({c['seconds']:.1f} s) in '{c['section']}': {c['first_line']}")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -59,6 +90,8 @@ def main(args: argparse.Namespace) -> int:
     os.environ["COURSE_MODE"] = mode  # so runtime.device()/mode() below agree with the kernels
     rows = [run_notebook(Path(p), mode, args.inplace, args.cell_timeout) for p in args.notebooks]
     print_table(rows)
+    if args.timings:
+        Path(args.timings).write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n")
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 
 
@@ -68,4 +101,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mode", choices=runtime.MODES, help="run mode (default: COURSE_MODE or by hardware)")
     p.add_argument("--inplace", action="store_true", help="write the executed notebook back (not in smoke mode)")
     p.add_argument("--cell-timeout", type=int, default=1800, help="seconds per cell (default 1800)")
+    p.add_argument("--timings", metavar="FILE.json",
+                   help="write each notebook's total and per-cell seconds and the load average to this file")
     p.set_defaults(func=main)

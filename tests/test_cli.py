@@ -1,9 +1,11 @@
 """The `course` command: subcommands are wired, doctor and run behave as documented."""
 
+import json
+
 import nbformat
 import pytest
 import torch
-from nbformat.v4 import new_code_cell, new_notebook
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from course_tools.cli import COMMANDS, main
 
@@ -36,6 +38,21 @@ def test_run_executes_records_mode_and_refuses_smoke_outputs(tmp_path, capsys):
     done = nbformat.read(path, as_version=4)
     assert done.metadata["course"]["mode"] == "cpu"
     assert done.cells[0].outputs[0]["text"] == "cpu\n" and done.cells[0].execution_count == 1
+
+
+def test_run_timings_name_the_slow_cells_and_their_section(tmp_path, capsys):
+    path = tmp_path / "00_slow.ipynb"
+    nb = new_notebook(cells=[new_markdown_cell("## 1. Waiting"), new_code_cell("import time\ntime.sleep(5.3)"),
+                             new_code_cell("x = 1")])
+    nbformat.write(nb, path)
+    timings = tmp_path / "t.json"
+    assert main(["run", "--mode", "cpu", "--timings", str(timings), str(path)]) == 0
+    assert "slow cell 1 (5." in capsys.readouterr().out
+    [row] = json.loads(timings.read_text())
+    assert [c["index"] for c in row["cells"]] == [1, 2] and row["cells"][0]["section"] == "1. Waiting"
+    assert row["cells"][0]["seconds"] >= 5.3 > row["cells"][1]["seconds"]
+    assert [c["index"] for c in row["slow_cells"]] == [1] and row["load_before"] >= 0
+    assert "execution" not in nbformat.read(path, as_version=4).cells[1].metadata  # nothing timed is stored
 
 
 def test_run_reports_a_failing_notebook(tmp_path, capsys):
