@@ -4,6 +4,8 @@ A translation file `notebooks/<lang>/NN_topic.yaml` holds, per English markdown 
 text and a short hash of the English source it translates. `course translate ko` copies the English
 notebook (code cells and stored outputs unchanged, so nothing is executed again) and swaps the prose;
 `--check` reports stale, missing and untranslated entries and built files that differ from the committed ones.
+Documents (the README, the glossary) work the same way, per `## ` section: `notebooks/<lang>/docs/README.yaml`
+builds `README.<lang>.md`; a section a translation leaves in English is listed, with the reason, under `english_only`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import copy
 import hashlib
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +23,10 @@ import nbformat
 ROOT = Path(__file__).resolve().parent.parent
 # section of a translation file -> the English folder whose notebook it translates
 SECTIONS = {"notebooks": "notebooks", "exercises": "exercises"}
+# English documents translated section by section: translation file stem -> path from the root
+DOCUMENTS = {"README": "README.md", "GLOSSARY": "notebooks/GLOSSARY.md", "LECTURE_MAP": "notebooks/LECTURE_MAP.md",
+             "LECTURER": "notebooks/LECTURER.md"}
+DOC_SECTIONS = ("sections", "english_only")
 
 
 def source_hash(text: str) -> str:
@@ -39,7 +46,11 @@ def translation_files(root: Path, lang: str) -> list[Path]:
     return sorted((root / "notebooks" / lang).glob("*.yaml"))
 
 
-def load_translation(path: Path) -> dict:
+def document_files(root: Path, lang: str) -> list[Path]:
+    return sorted((root / "notebooks" / lang / "docs").glob("*.yaml"))
+
+
+def load_translation(path: Path, allowed: tuple[str, ...] = tuple(SECTIONS)) -> dict:
     """Read a translation file; a malformed one raises ValueError naming the file."""
     import yaml  # a developer tool: imported here so the learners' `course` runs without PyYAML
 
@@ -47,10 +58,25 @@ def load_translation(path: Path) -> dict:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
         raise ValueError(f"{path.name}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    unknown = set(data) - set(SECTIONS)
+    unknown = set(data) - set(allowed)
     if unknown:
-        raise ValueError(f"{path.name}: unknown sections {sorted(unknown)}; use {sorted(SECTIONS)}")
+        raise ValueError(f"{path.name}: unknown sections {sorted(unknown)}; use {sorted(allowed)}")
     return data
+
+
+def translated(entry: dict | None, english: str, what: str) -> tuple[str | None, list[str]]:
+    """The text of one entry translating `english`, or None when it has none; with the problems
+    (stale hash, text equal to the English). `what` names the unit, e.g. "09_x (notebooks): cell 1a2b3c4d"."""
+    current = source_hash(english)
+    if not entry or not str(entry.get("text", "")).strip():
+        return None, [f"{what} has no translation (add it with hash: {current})"]
+    text = str(entry["text"]).rstrip("\n")
+    if str(entry.get("hash")) != current:
+        return text, [f"{what} is stale: the English changed (hash {entry.get('hash')} -> {current}); "
+                      f"update its text and set hash: {current}"]
+    if text == english:
+        return text, [f"{what} is untranslated (its text equals the English)"]
+    return text, []
 
 
 def translate_cells(nb: nbformat.NotebookNode, entries: dict, where: str) -> tuple[nbformat.NotebookNode, list[str]]:
@@ -65,20 +91,51 @@ def translate_cells(nb: nbformat.NotebookNode, entries: dict, where: str) -> tup
         if cell.cell_type != "markdown":
             continue
         prose_ids.add(cell.id)
-        entry, current = entries.get(cell.id), source_hash(cell.source)
-        if not entry or not str(entry.get("text", "")).strip():
-            problems.append(f"{where}: cell {cell.id} has no translation (add it with hash: {current})")
-            continue
-        text = str(entry["text"]).rstrip("\n")
-        if str(entry.get("hash")) != current:
-            problems.append(f"{where}: cell {cell.id} is stale: the English changed (hash {entry.get('hash')} "
-                            f"-> {current}); update its text and set hash: {current}")
-        elif text == cell.source:
-            problems.append(f"{where}: cell {cell.id} is untranslated (its text equals the English)")
-        cell.source = text
+        text, found = translated(entries.get(cell.id), cell.source, f"{where}: cell {cell.id}")
+        problems += found
+        if text is not None:
+            cell.source = text
     for orphan in sorted(set(entries) - prose_ids):
         problems.append(f"{where}: entry {orphan} matches no markdown cell of the English notebook; remove it")
     return out, problems
+
+
+def document_sections(text: str) -> list[tuple[str, str]]:
+    """Split a markdown document at its `## ` headings (not inside code fences): (key, text) pairs,
+    the key a slug of the heading ("intro" for what comes before the first one)."""
+    sections, key, lines, fenced = [], "intro", [], False
+    for line in text.rstrip("\n").split("\n"):
+        fenced ^= line.startswith("```")
+        if line.startswith("## ") and not fenced:
+            sections.append((key, "\n".join(lines).strip("\n")))
+            key, lines = re.sub(r"[^a-z0-9]+", "-", line[3:].lower()).strip("-"), []
+        lines.append(line)
+    sections.append((key, "\n".join(lines).strip("\n")))
+    return [(k, t) for k, t in sections if t]
+
+
+def build_document(root: Path, path: Path) -> Edition:
+    """Build `<doc>.<lang>.md` from `notebooks/<lang>/docs/<doc>.yaml`: every English section translated,
+    or listed under `english_only` (then left out of the translated document)."""
+    lang, stem, edition = path.parent.parent.name, path.stem, Edition()
+    if stem not in DOCUMENTS:
+        edition.problems.append(f"{path.name}: no English document {stem!r}; use one of {', '.join(DOCUMENTS)}")
+        return edition
+    data = load_translation(path, DOC_SECTIONS)
+    entries, kept = data.get("sections") or {}, data.get("english_only") or {}
+    english = root / DOCUMENTS[stem]
+    parts, keys = [], []
+    for key, text in document_sections(english.read_text(encoding="utf-8")):
+        keys.append(key)
+        if key in kept and key not in entries:
+            continue
+        done, problems = translated(entries.get(key), text, f"{DOCUMENTS[stem]}: section {key}")
+        edition.problems += problems
+        parts.append(done if done is not None else text)
+    for orphan in sorted((set(entries) | set(kept)) - set(keys)):
+        edition.problems.append(f"{DOCUMENTS[stem]}: entry {orphan} matches no section of the English; remove it")
+    edition.files[english.with_suffix(f".{lang}.md")] = "\n\n".join(parts) + "\n"
+    return edition
 
 
 def build_file(root: Path, path: Path) -> Edition:
@@ -104,11 +161,15 @@ def build(root: Path, lang: str) -> Edition:
     """Build every lesson that has a translation file for `lang`."""
     edition = Edition()
     paths = translation_files(root, lang)
-    if not paths:
+    if not paths and not document_files(root, lang):
         edition.problems.append(f"no translation files in notebooks/{lang}/; start one with "
                                 f"`course translate {lang} --scaffold NN_topic`")
     for path in paths:
         part = build_file(root, path)
+        edition.files.update(part.files)
+        edition.problems += part.problems
+    for path in document_files(root, lang):
+        part = build_document(root, path)
         edition.files.update(part.files)
         edition.problems += part.problems
     return edition
@@ -124,19 +185,28 @@ def out_of_date(root: Path, edition: Edition) -> list[str]:
 
 
 def scaffold(root: Path, lang: str, lesson: str) -> Path:
-    """Write notebooks/<lang>/<lesson>.yaml with every missing prose cell (English text + hash) to translate."""
+    """Write notebooks/<lang>/<lesson>.yaml with every missing prose cell (English text + hash) to translate
+    (for a document, e.g. README, notebooks/<lang>/docs/README.yaml with every missing section)."""
     import yaml
 
-    path = root / "notebooks" / lang / f"{lesson}.yaml"
-    data = load_translation(path) if path.exists() else {}
-    for section, folder in SECTIONS.items():
-        english = root / folder / f"{lesson}.ipynb"
-        if not english.exists():
-            continue
-        entries = data.setdefault(section, {})
-        for cell in nbformat.read(english, as_version=4).cells:
-            if cell.cell_type == "markdown" and cell.id not in entries:
-                entries[cell.id] = {"hash": source_hash(cell.source), "text": cell.source}
+    if lesson in DOCUMENTS:
+        path = root / "notebooks" / lang / "docs" / f"{lesson}.yaml"
+        data = load_translation(path, DOC_SECTIONS) if path.exists() else {}
+        entries, kept = data.setdefault("sections", {}), data.get("english_only") or {}
+        for key, text in document_sections((root / DOCUMENTS[lesson]).read_text(encoding="utf-8")):
+            if key not in entries and key not in kept:
+                entries[key] = {"hash": source_hash(text), "text": text}
+    else:
+        path = root / "notebooks" / lang / f"{lesson}.yaml"
+        data = load_translation(path) if path.exists() else {}
+        for section, folder in SECTIONS.items():
+            english = root / folder / f"{lesson}.ipynb"
+            if not english.exists():
+                continue
+            entries = data.setdefault(section, {})
+            for cell in nbformat.read(english, as_version=4).cells:
+                if cell.cell_type == "markdown" and cell.id not in entries:
+                    entries[cell.id] = {"hash": source_hash(cell.source), "text": cell.source}
     yaml.add_representer(str, _literal_str, Dumper=yaml.SafeDumper)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(data, allow_unicode=True, sort_keys=False, width=1000), encoding="utf-8")
@@ -163,12 +233,12 @@ def main(args: argparse.Namespace) -> int:
     for line in problems:
         print(line, file=sys.stderr)
     if args.check:
-        print(f"{len(edition.files)} notebooks checked, {len(problems)} problems")
+        print(f"{len(edition.files)} files checked, {len(problems)} problems")
         return 1 if problems else 0
     for path, text in edition.files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
-    print(f"wrote {len(edition.files)} notebooks ({len(edition.problems)} problems; "
+    print(f"wrote {len(edition.files)} files ({len(edition.problems)} problems; "
           "cells without a translation keep the English)")
     return 1 if edition.problems else 0
 
@@ -177,6 +247,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("translate", help="build the notebooks of a language edition from notebooks/<lang>/*.yaml")
     p.add_argument("lang", help="language code, e.g. ko")
     p.add_argument("--check", action="store_true", help="write nothing; report stale, missing or out-of-date files")
-    p.add_argument("--scaffold", metavar="LESSON", help="start or complete notebooks/<lang>/LESSON.yaml")
+    p.add_argument("--scaffold", metavar="LESSON", help="start or complete notebooks/<lang>/LESSON.yaml "
+                   f"(or a document's, LESSON one of {', '.join(DOCUMENTS)})")
     p.add_argument("--root", default=str(ROOT), help=argparse.SUPPRESS)
     p.set_defaults(func=main)

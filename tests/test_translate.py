@@ -28,7 +28,8 @@ def test_every_prose_cell_translated_and_current(lang):
 @pytest.mark.parametrize("lang", LANGS)
 def test_committed_notebooks_equal_the_build(lang):
     edition = built(lang)
-    assert len(edition.files) == 2 * len(translate.translation_files(ROOT, lang))
+    assert len(edition.files) == 2 * len(translate.translation_files(ROOT, lang)) + \
+        len(translate.document_files(ROOT, lang))
     assert translate.out_of_date(ROOT, edition) == []
 
 
@@ -119,3 +120,35 @@ def test_korean_notebooks_are_not_collected_by_nbval():
     for folder in ("notebooks", "exercises"):
         conftest = (ROOT / folder / "ko" / "conftest.py").read_text()
         assert 'collect_ignore_glob = ["*.ipynb"]' in conftest
+
+
+def test_documents_split_at_level_two_headings_outside_code_fences():
+    text = "# Title\n\nIntro.\n\n## Quick start\n\n```bash\n## not a heading\n```\n\n## The `course` command\nx\n"
+    assert translate.document_sections(text) == [
+        ("intro", "# Title\n\nIntro."), ("quick-start", "## Quick start\n\n```bash\n## not a heading\n```"),
+        ("the-course-command", "## The `course` command\nx")]
+
+
+def test_document_sections_are_translated_or_kept_in_english_with_a_reason(tmp_path):
+    (tmp_path / "README.md").write_text("# T\n\nHello.\n\n## Learners\n\nRead.\n\n## Developers\n\nCode.\n")
+    docs = tmp_path / "notebooks" / "ko" / "docs"
+    docs.mkdir(parents=True)
+    sections = dict(translate.document_sections((tmp_path / "README.md").read_text()))
+    entry = {"hash": translate.source_hash(sections["intro"]), "text": "# 제목\n\n안녕하세요."}
+    (docs / "README.yaml").write_text(
+        f"sections:\n  intro:\n    hash: '{entry['hash']}'\n    text: |-\n      # 제목\n\n      안녕하세요.\n"
+        "english_only:\n  developers: contributors read the English\n", encoding="utf-8")
+    edition = translate.build(tmp_path, "ko")
+    assert edition.problems == ["README.md: section learners has no translation (add it with hash: "
+                                f"{translate.source_hash(sections['learners'])})"]
+    translate.scaffold(tmp_path, "ko", "README")
+    edition = translate.build(tmp_path, "ko")
+    assert edition.problems == ["README.md: section learners is untranslated (its text equals the English)"]
+    assert edition.files[tmp_path / "README.ko.md"] == "# 제목\n\n안녕하세요.\n\n## Learners\n\nRead.\n"
+    (tmp_path / "README.md").write_text("# T\n\nHello again.\n\n## Learners\n\nRead.\n")
+    problems = "\n".join(translate.build(tmp_path, "ko").problems)
+    assert "section intro is stale" in problems and "entry developers matches no section" in problems
+
+
+def test_korean_edition_covers_the_learner_documents():
+    assert {p.stem for p in translate.document_files(ROOT, "ko")} >= {"LECTURE_MAP"}
