@@ -1,5 +1,6 @@
 """Exercises of lesson 03: split and merge heads, the multi-head forward pass, the parameter count
-of the layer and the bottom-right causal mask a KV cache needs."""
+of the layer and the bottom-right causal mask a KV cache needs; four self-check questions and one
+experiment (the rank of one head's score matrix as the heads get narrower)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import math
 import torch
 from einops import rearrange
 
-from course_tools.checks import Case, exercise
-from course_tools.references._shared import close
+from course_tools.checks import Case, exercise, question
+from course_tools.references._shared import close, known_wrong
 from course_utils.attention import (
     causal_mask,
     merge_heads,
@@ -173,3 +174,78 @@ def _mask_hint(case: Case, got, expected) -> str | None:
 def kv_causal_mask(T: int, S: int) -> torch.Tensor:
     """(T, S) bool: the T newest queries of an S-token sequence; query t may see keys 0..t + S - T."""
     return causal_mask(T, S)
+
+
+# --- self-check questions ------------------------------------------------------------------------
+
+@question(explain="8 heads of width 512 / 8 = 64 each; the head axis goes before the positions: (B, H, T, d).",
+          hints=[known_wrong({
+              (2, 10, 8, 64): "the head axis comes before the positions: each head holds a (T, d) matrix",
+              (2, 8, 10, 512): "the heads share the 512 columns of x W_Q: each is 512 / 8 = 64 wide",
+              (8, 2, 10, 64): "the batch axis stays first: (B, H, T, d)",
+              (2, 10, 512): "that is x W_Q before the split; split_heads gives every head its own axis",
+          })])
+def split_shape() -> tuple:
+    """The shape of split_heads(x @ W_Q, 8) for x of shape (B=2, T=10, D=512) and W_Q (512, 512)."""
+    return (2, 8, 10, 64)
+
+
+@question(explain="four 512 × 512 matrices and four bias vectors of length 512: 4·512² + 4·512 = 1,050,624, "
+                  "the same for any number of heads.",
+          hints=[known_wrong({
+              4 * 512**2: "the weights are right; each of the four layers also has 512 biases",
+              8 * (4 * 512**2 + 4 * 512): "the 8 heads share the four matrices: each head gets 512 / 8 columns, "
+                                          "not a full 512 × 512 matrix of its own",
+              3 * 512**2 + 3 * 512: "W_O is missing: it maps the concatenated heads (512) back to 512",
+          })])
+def mha_parameters() -> int:
+    """The parameters of MultiHeadAttention(d_model=512, n_heads=8) with biases."""
+    return 4 * 512**2 + 4 * 512
+
+
+@question(explain="the n × n weights grow with n²: 4,096 tokens are 4 times 1,024, so the matrix is "
+                  "4² = 16 times larger.",
+          atol=0.01,
+          hints=[known_wrong({
+              4: "4 times the tokens, but every token is paired with every token: the matrix grows 4 × 4",
+              64: "the matrix has n² entries, not n³",
+              2: "the length grows 4 times (1,024 → 4,096), not 2 times",
+          })])
+def weights_memory_factor() -> float:
+    """The factor by which the n × n attention weights grow from n = 1,024 to n = 4,096."""
+    return (4096 / 1024) ** 2
+
+
+@question(explain="every position reads every other directly in one layer: the path does not depend on n.",
+          hints=[known_wrong({
+              "a": "n − 1 steps is the recurrent network, which passes the signal through every position in between",
+              "b": "log₂ n is a stack of dilated convolutions or a tree; attention needs no stack at all",
+              "d": "n² is what attention costs in time and naive memory, not the length of a path",
+          })])
+def path_choice() -> str:
+    """Multiple choice: how the path from position 0 to the output at n - 1 grows in one attention layer."""
+    return "c"
+
+
+# --- experiment ----------------------------------------------------------------------------------
+
+def _score_rank(n_heads: int, n_tokens: int = 32, d_model: int = 64) -> int:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(n_tokens, d_model, generator=gen, dtype=torch.float64)
+    W_Q, W_K = (torch.randn(d_model, d_model, generator=gen, dtype=torch.float64) / math.sqrt(d_model)
+                for _ in range(2))
+    d_k = d_model // n_heads
+    return int(torch.linalg.matrix_rank((x @ W_Q)[:, :d_k] @ (x @ W_K)[:, :d_k].T))
+
+
+@question(explain="head i's scores are q_i k_iᵀ, a product of two 32 × d_k matrices, so their rank is at most "
+                  "d_k = 64 / n_heads: 16 heads of width 4 give rank 4, the first below 8 (8 heads give exactly 8).",
+          hints=[known_wrong({
+              8: "8 heads have width 64 / 8 = 8 and rank exactly 8, which is not below 8",
+              1: "a head is d_model / n_heads columns wide, not n_heads columns",
+              32: "with 32 heads the rank is 2; a smaller number of heads already gives a rank below 8",
+          })])
+def smallest_low_rank_heads() -> int:
+    """Experiment: the smallest number of heads in 1, 2, 4, ..., 32 (d_model = 64, 32 random tokens) at
+    which head 0's score matrix q_0 k_0ᵀ has a rank below 8."""
+    return next(h for h in (1, 2, 4, 8, 16, 32) if _score_rank(h) < 8)
