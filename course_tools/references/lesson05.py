@@ -1,12 +1,22 @@
-"""Exercises of lesson 05: sinusoidal encodings, the rotation R(k), applying RoPE, the ALiBi bias."""
+"""Exercises of lesson 05: sinusoidal encodings, the rotation R(k), applying RoPE, the ALiBi bias;
+five self-check questions and one experiment (how fast RoPE's score of two equal tokens decays with
+their distance)."""
 
 from __future__ import annotations
 
 import torch
 
-from course_tools.checks import Case, exercise
-from course_tools.references._shared import close
-from course_utils.positional import alibi_bias, apply_rope, sinusoidal_encoding, sinusoidal_rotation
+from course_tools.checks import Case, exercise, question
+from course_tools.references._shared import close, known_wrong
+from course_utils.positional import (
+    LearnedPositionalEmbedding,
+    alibi_bias,
+    alibi_slopes,
+    apply_rope,
+    sinusoidal_encoding,
+    sinusoidal_frequencies,
+    sinusoidal_rotation,
+)
 
 
 def _pe_cases(gen: torch.Generator) -> list[Case]:
@@ -115,3 +125,93 @@ def _alibi_hint(case: Case, got, expected) -> str | None:
 def alibi(n_heads: int, T: int) -> torch.Tensor:
     """-> (n_heads, T, T): bias[h, i, j] = −m_h · |i − j| with m_h = 2^(−8h/H), h = 1..H (H a power of 2)."""
     return alibi_bias(n_heads, T)
+
+
+# --- self-check questions ------------------------------------------------------------------------
+
+@question(explain="each of the d/2 = 8 pairs contributes sin² + cos² = 1, whatever the position: 8.",
+          hints=[known_wrong({
+              16: "one feature squared is not 1 on its own: each of the 8 (sin, cos) pairs gives sin² + cos² = 1",
+              1: "the encoding is not normalised to length 1: each of the 8 pairs contributes 1",
+              2.8284: "√8 is the length; the dot product of PE(p) with itself is the squared length",
+              0: "PE(0) is not zero: the cosines are 1 at p = 0",
+          })])
+def pe_norm_squared() -> float:
+    """PE(p) · PE(p) for the sinusoidal encoding with d = 16, for any position p."""
+    return float(sinusoidal_encoding(1, 16)[0].square().sum())
+
+
+@question(explain="ω_i = 10000^(−2i/d): going from pair i to pair i + 1 divides ω by 10000^(2/64) ≈ 1.334.",
+          atol=0.01,
+          hints=[known_wrong({
+              3.16: "3.16 is the ratio for d = 16; with d = 64 the steps are smaller: 10000^(2/64)",
+              3.1623: "3.16 is the ratio for d = 16; with d = 64 the steps are smaller: 10000^(2/64)",
+              1.1548: "the exponent is 2i/d, so consecutive pairs differ by 10000^(2/d), not 10000^(1/d)",
+              0.7499: "that is ω_(i+1) / ω_i, the ratio the other way round; ω_i / ω_(i+1) is above 1",
+          })])
+def frequency_ratio() -> float:
+    """ω_i / ω_(i+1) for the sinusoidal encoding with d = 64."""
+    omega = sinusoidal_frequencies(64)
+    return float(omega[0] / omega[1])
+
+
+@question(explain="W_pos has one trained row of d_model = 768 numbers for each of N = 1024 positions: "
+                  "1024 × 768 = 786,432.",
+          hints=[known_wrong({
+              1024: "one row per position, but each row is a whole vector of d_model = 768 numbers",
+              768: "768 is one row; the table has one row for each of the 1024 positions",
+              0: "zero is the sinusoidal encoding; a learned table is trained, one number per entry",
+              1792: "the table is N × d (a product), not N + d",
+          })])
+def learned_table_params() -> int:
+    """The number of trained parameters of GPT-2's learned position table: max_len = 1024, d_model = 768."""
+    return LearnedPositionalEmbedding(1024, 768).weight.numel()
+
+
+@question(explain="R_m q · R_n k = q · R_(n−m) k: the contents q, k and the offset n − m, never m or n alone.",
+          hints=[known_wrong({
+              "a": "the rotations of m and n combine into one rotation by n − m: the absolute positions drop out",
+              "c": "the rotation R_(n−m) stays in the score, so the distance matters too",
+              "d": "the rotation acts on q and k, so the score still depends on what the tokens are",
+          })])
+def rope_depends_on() -> str:
+    """Multiple choice: what RoPE's score of a query at m and a key at n depends on (answer b)."""
+    return "b"
+
+
+@question(explain="m_h = 2^(−8h/H) with heads counted from 1: h = 3, H = 8 gives 2^(−3) = 0.125.", atol=1e-3,
+          hints=[known_wrong({
+              0.25: "heads are counted from 1: head 3 has m = 2^(−8·3/8) = 2^(−3), not 2^(−2)",
+              0.0625: "head 3 of 8 has exponent −8·3/8 = −3: 2^(−3)",
+              -0.125: "the slope m_h is positive; the minus sign is in the bias −m_h·|i − j|",
+              8: "the slope is a power of one half: 2^(−3), not 2^3",
+          })])
+def alibi_slope() -> float:
+    """ALiBi's slope of head 3 (heads counted 1..8) when H = 8."""
+    return float(alibi_slopes(8)[2])
+
+
+# --- experiment ----------------------------------------------------------------------------------
+
+def _mean_same_content_score(distance: int, d_head: int = 64, n_vectors: int = 4_000) -> float:
+    gen = torch.Generator().manual_seed(distance)
+    x = torch.randn(n_vectors, 1, d_head, generator=gen)
+    return float((apply_rope(x, [distance]) * apply_rope(x, [0])).sum(-1).mean())
+
+
+@question(explain="for equal contents the score is Σ_i |x_pair i|² cos(ω_i Δ), on average 2·Σ_i cos(ω_i Δ): "
+                  "the fast pairs turn out of phase first, and the average falls below half of its value "
+                  "at Δ = 0 between Δ = 32 (about 0.61) and 64 (about 0.43); it rises again from 128 to 256.",
+          hints=[known_wrong({
+              8: "with ω_i = 10000^(−i/d) the frequencies are too high and the score falls too soon: "
+                 "the exponent is 2i/d",
+              32: "that is the answer for d_head = 16 (the lesson's d); the experiment uses d_head = 64",
+              1: "the key must hold the same content as the query (one random vector, rotated twice); "
+                 "independent vectors score about 0 at every distance",
+          })])
+def rope_half_distance() -> int:
+    """Experiment: the smallest distance Δ in 1, 2, 4, ..., 1024 at which RoPE's score between a query
+    and a key of the same random content (d_head = 64, N(0, 1) entries), averaged over random
+    vectors, falls below half of its value at distance 0."""
+    at_zero = _mean_same_content_score(0)
+    return next(k for k in (2**i for i in range(11)) if _mean_same_content_score(k) < 0.5 * at_zero)
