@@ -1,18 +1,18 @@
 """Exercises of lesson 04: LayerNorm, RMSNorm, the ReLU feed-forward network, a pre-LN residual
-sublayer, and counting a block's parameters."""
+sublayer, and counting a block's parameters; five self-check questions and one experiment (the
+depth at which a plain stack stops passing gradient to its first layer)."""
 
 from __future__ import annotations
 
 import torch
 
-from course_tools.checks import Case, exercise
-from course_tools.references._shared import close
+from course_tools.checks import Case, exercise, question
+from course_tools.references._shared import close, known_wrong
 from course_utils import blocks
-from course_utils.blocks import block_parameter_count
+from course_utils.blocks import FeedForward, block_parameter_count
 
 SHAPES = [(1, 1, 4), (2, 3, 8), (3, 5, 16)]
 EPS = [1e-5, 1e-2, 0.5]  # a large ε makes "ε outside the root" visible
-
 
 
 def _ln(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float, dim: int = -1,
@@ -179,3 +179,96 @@ def block_parameters(d_model: int, d_ff: int) -> int:
     """The trainable parameters of one GPT-2-style block (attention with biases, W_in/W_out with
     biases, two LayerNorms) of width d_model and MLP width d_ff."""
     return block_parameter_count(d_model, d_ff, activation="gelu", bias=True)
+
+
+# --- self-check questions ------------------------------------------------------------------------
+
+@question(explain="LayerNorm standardises each token on its own, over its D features; batch and position "
+                  "play no part (which is why it works the same at batch size 1).",
+          hints=[known_wrong({
+              "a": "averaging over the batch for each feature is BatchNorm; LayerNorm looks at one token at a time",
+              "b": "averaging over the positions mixes tokens; LayerNorm normalises each token over its features",
+              "d": "one mean for the whole tensor lets tokens change each other's scale; LayerNorm has one per token",
+          })])
+def norm_axis() -> str:
+    """Multiple choice: over which axis of x (B, T, D) LayerNorm takes its mean and variance."""
+    return "c"
+
+
+@question(explain="the mean square of (2, 2, 2, 2) is 4 and its root is 2, so every feature becomes 2 / 2 = 1; "
+                  "RMSNorm subtracts no mean, so a constant token is not sent to zero.",
+          atol=1e-3,
+          hints=[known_wrong({
+              0: "0 is LayerNorm's answer (it subtracts the mean 2 first); RMSNorm divides x itself by its RMS",
+              0.5: "2 / 4 divides by the mean square; RMSNorm divides by its square root",
+              2: "RMSNorm divides by the root mean square, which is 2 here",
+          })])
+def rms_of_constant() -> float:
+    """RMSNorm (γ = 1, ε = 0) of the token x = (2, 2, 2, 2): the value of each feature."""
+    return 1.0
+
+
+@question(explain="the Jacobians of a stack multiply: ten factors of 0.5 give 0.5¹⁰ ≈ 0.001; with residual "
+                  "connections each factor is I + 0.5 I = 1.5 I instead.",
+          atol=1e-4,
+          hints=[known_wrong({
+              5: "0.5 × 10 adds the layers' factors; the chain rule multiplies them",
+              0.05: "0.5 / 10 divides; the chain rule multiplies ten factors of 0.5",
+              1.5**10: "that is the residual stack, whose Jacobians are I + 0.5 I; the plain stack has 0.5 I",
+              0.5: "that is one layer; the gradient passes through all ten",
+          })])
+def plain_gradient_factor() -> float:
+    """The factor by which 10 plain layers, each with Jacobian 0.5·I, multiply the gradient."""
+    return 0.5**10
+
+
+@question(explain="a block has 12d² + 13d parameters: the d² terms dominate, so doubling d multiplies the "
+                  "count by about 2² = 4.",
+          atol=0.05,
+          hints=[known_wrong({
+              2: "the count is not linear in d: every weight matrix is d × d or d × 4d, so it grows like d²",
+              8: "the matrices are two-dimensional (d²), not three-dimensional",
+              16: "only the width doubles, not d_ff separately: d × 4d becomes 2d × 8d, four times as many",
+          })])
+def params_doubling() -> float:
+    """By what factor (about) doubling d_model, with d_ff = 4 d_model, multiplies a block's parameters."""
+    return 4.0
+
+
+@question(explain="pre-LN normalises the input of the sublayer and adds its output to the raw x: the "
+                  "residual stream itself is never normalised.",
+          hints=[known_wrong({
+              "a": "(a) normalises after the addition: that is post-LN, the 2017 order",
+              "c": "(c) adds F(x) to a normalised stream: the identity path would then pass through LN",
+              "d": "(d) normalises F's output; pre-LN normalises F's input",
+          })])
+def pre_ln_choice() -> str:
+    """Multiple choice: which of four update rules is the pre-LN sublayer."""
+    return "b"
+
+
+# --- experiment ----------------------------------------------------------------------------------
+
+def _first_to_last_ratio(n_layers: int, d: int = 64) -> float:
+    """The gradient norm at the first layer's W_in over the last layer's, in a plain stack x <- FFN(x)."""
+    torch.manual_seed(0)
+    layers = [FeedForward(d, activation="relu").double() for _ in range(n_layers)]
+    h = torch.randn(8, 16, d, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    for layer in layers:
+        h = layer(h)
+    h.pow(2).mean().backward()
+    return float(layers[0].W_in.weight.grad.norm() / layers[-1].W_in.weight.grad.norm())
+
+
+@question(explain="each plain layer multiplies the gradient by a Jacobian that shrinks it (by about 4× per "
+                  "layer here): the first layer gets about 10⁻⁴ of the last one's at 8 layers and about "
+                  "10⁻⁹ at 16.",
+          hints=[known_wrong({
+              8: "at 8 layers the first layer still gets about 10⁻⁴ of the last one's gradient: not yet below 10⁻⁶",
+              32: "a smaller depth already passes: measure every depth of the grid, from 1 up",
+              64: "a smaller depth already passes: measure every depth of the grid, from 1 up",
+          })])
+def vanishing_depth() -> int:
+    """Experiment: the smallest depth in 1, 2, 4, ..., 64 at which the first layer of a plain ReLU FFN
+    stack (d = 64) receives less than 10⁻⁶ of the gradient norm its last layer receives."""
+    return next(n for n in (2**i for i in range(7)) if _first_to_last_ratio(n) < 1e-6)
