@@ -28,6 +28,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from course_utils import gpt, runtime
+from course_utils.cpu_threads import ThreadTuner
 from course_utils.tokenize import Tokenizer, load_tokenizer
 
 CHECKPOINT = "ckpt.pt"
@@ -144,10 +145,11 @@ def autocast(device: torch.device, dtype: torch.dtype):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-# PyTorch threads for training on a CPU when none are asked for. On the shared 2-core machine two
-# threads per process ran 6 % as fast as one under load (README, Performance): each step waits for
-# its slowest thread, and a thread that loses its core stalls the other. One thread loses at most
-# half the speed on an idle machine, so it is the default.
+# PyTorch threads for training on a CPU when none are asked for and the count cannot be measured
+# (several processes, or ``train.train`` called without a ``ThreadTuner``). On the shared 2-core
+# machine two threads per process ran 6 % as fast as one under load (README, Performance): each
+# step waits for its slowest thread, and a thread that loses its core stalls the other. One thread
+# loses at most half the speed on an idle machine. ``course train`` measures instead (cpu_threads).
 CPU_THREADS = 1
 
 
@@ -592,10 +594,11 @@ def finish(run: Run, bar: tqdm) -> TrainResult:
 
 def train(model: nn.Module, train_data: torch.Tensor, val_data: torch.Tensor, cfg: TrainConfig, *,
           tokenizer: Tokenizer | None = None, out_dir: str | os.PathLike | None = None, resume: dict | None = None,
-          until: int | None = None, progress: bool = True) -> TrainResult:
+          until: int | None = None, progress: bool = True, threads: ThreadTuner | None = None) -> TrainResult:
     """Train ``model`` (``model(x, y) -> (logits, loss)``, ``model.config`` a ``GPTConfig``) on 1-D
     token tensors. ``resume`` is a checkpoint dict to continue from; ``until`` pauses after that
-    step (with a checkpoint) while the schedule still plans for the whole run."""
+    step (with a checkpoint) while the schedule still plans for the whole run. ``threads``, on a
+    CPU, picks the thread count from the measured step times."""
     clock = time.perf_counter()  # the time budget counts set-up too (the first optimiser imports dynamo)
     run = set_up(model, train_data, val_data, cfg, tokenizer=tokenizer, out_dir=out_dir, resume=resume, clock=clock)
     bar = tqdm(total=run.max_steps, initial=run.step, disable=not (progress and run.where.is_main), unit="step")
@@ -610,7 +613,10 @@ def train(model: nn.Module, train_data: torch.Tensor, val_data: torch.Tensor, cf
             run.max_steps = bar.total = _plan_steps(run.step, run.elapsed, cfg, run.history, run.where)
         if run.step >= run.max_steps or (until is not None and run.step >= until):
             break
+        started = time.perf_counter()
         train_step(run)
+        if threads is not None:
+            threads.observe(time.perf_counter() - started)
         if run.step % cfg.log_interval == 0:
             log(run, bar)
     return finish(run, bar)

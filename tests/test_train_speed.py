@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from course_tools.cli import main as course
 from course_utils import train as T
 from course_utils.gpt import GPT, GPTConfig
 
@@ -42,16 +41,3 @@ def test_wrap_compiles_lazily_and_shares_the_weights():
     wrapped = T._wrap(raw, T.TrainConfig(compile=True), T.Dist())
     assert wrapped is not raw and wrapped._orig_mod is raw  # nothing is compiled until the first call
     assert T._wrap(raw, T.TrainConfig(compile=False), T.Dist()) is raw
-
-
-def test_course_train_uses_the_cpu_thread_default(tmp_path):
-    corpus = tmp_path / "tiny.txt"
-    corpus.write_text("To be, or not to be, that is the question.\n" * 60, encoding="utf-8")
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        assert course(["train", "--data", str(corpus), "--config", "smoke", "--max-iters", "2", "--quiet",
-                       "--out", str(tmp_path / "run")]) == 0
-        assert torch.get_num_threads() == T.CPU_THREADS == 1
-    finally:
-        torch.set_num_threads(before)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ import torch.distributed as dist
 from course_tools.commands import USER_ERRORS, fail
 from course_utils import data, gpt, runtime, train
 from course_utils.bpe import BPETokenizer
+from course_utils.cpu_threads import ThreadTuner
 from course_utils.tokenize import CharTokenizer, Tokenizer, load_tokenizer
 
 PROG = "course train"
@@ -41,8 +43,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the model (default: on CUDA; on a CPU when --time-budget is at least "
                    f"{train.CPU_COMPILE_BREAK_EVEN:.0f} s, where the faster steps repay the compile time)")
-    p.add_argument("--threads", type=int, help=f"CPU threads for PyTorch (default on a CPU: {train.CPU_THREADS}, "
-                   "which stays fast when other processes share the cores)")
+    p.add_argument("--threads", type=int, help="CPU threads for PyTorch (default on a CPU: measured: a few steps on "
+                   "one thread and on all cores, the faster kept, back to one thread if other processes take a core)")
     p.add_argument("--out", help="folder for ckpt.pt (default runs/CONFIG)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/ckpt.pt")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -153,9 +155,13 @@ def summary(job: Job, result: train.TrainResult) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """``course train``: prepare everything from the arguments, train, report."""
+    tuner = None
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     elif runtime.device().type == "cpu":
+        cores = torch.get_num_threads()  # PyTorch's default: one per physical core
+        alone = int(os.environ.get("WORLD_SIZE", "1")) == 1
+        tuner = ThreadTuner(cores) if cores >= 2 and alone else None
         torch.set_num_threads(train.CPU_THREADS)
     try:
         job = prepare(args)
@@ -167,8 +173,10 @@ def run(args: argparse.Namespace) -> int:
               f"{len(job.train_data):,} train / {len(job.val_data):,} val tokens, "
               f"{where.world_size} process(es) on {where.device}")
     result = train.train(job.model, job.train_data, job.val_data, job.cfg, tokenizer=job.tokenizer, out_dir=job.out,
-                         resume=job.resume, progress=not args.quiet)
+                         resume=job.resume, progress=not args.quiet, threads=tuner)
     if where.is_main:
+        if tuner is not None:
+            print("threads: " + "; then ".join(tuner.log or ["1 (too few steps to measure)"]))
         print(summary(job, result))
     if dist.is_initialized():
         dist.barrier()  # every rank done (rank 0 was writing the checkpoint) before tearing down
