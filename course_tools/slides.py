@@ -100,11 +100,37 @@ def exporter(out_dir: Path, assets: Path | None):
     return SlidesExporter(config=config)
 
 
+# nbconvert's scrolling script measures a slide (in canvas pixels) against the window's height and
+# caps it at 95vh, which reveal.js then scales down with the canvas: a slide taller than 95 % of the
+# window, not of the canvas, was clipped to about two thirds of the screen. Measure and cap it in
+# canvas pixels instead, and apply it to the slide a page opens on as well.
+SCROLL_FIXES = {
+    "var h = $('.reveal').height() * 0.95;": "var h = Reveal.getConfig().height * 0.95;",
+    ".css('height', 'calc(95vh)')": ".css('height', h + 'px')",
+    "Reveal.addEventListener('slidechanged', setScrollingSlide);":
+        "Reveal.addEventListener('slidechanged', setScrollingSlide);\n"
+        "        Reveal.addEventListener('ready', setScrollingSlide);",
+}
+
+
+# Korean (and other CJK) text breaks lines between words, not inside them, as Korean typesetting does.
+KEEP_WORDS = "<style>.reveal .slides { word-break: keep-all; }</style>\n</head>"
+
+
+def fit_scrolling(html: str) -> str:
+    """The page with the scrolling script measuring in canvas pixels (see SCROLL_FIXES) and
+    Korean lines broken between words."""
+    for old, new in SCROLL_FIXES.items():
+        html = html.replace(old, new)
+    return html.replace("</head>", KEEP_WORDS, 1)
+
+
 def build_slides(path: Path, out_dir: Path, assets: Path | None = None) -> Path:
     """Write out_dir/<lesson>.slides.html from the stored outputs of the notebook at `path`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     nb = nbformat.read(path, as_version=4)
     html, _ = exporter(out_dir, assets).from_notebook_node(nb)
+    html = fit_scrolling(html)
     target = out_dir / f"{path.stem}.slides.html"
     target.write_text(html, encoding="utf-8")
     return target

@@ -54,6 +54,10 @@ def test_build_offline_slides(tmp_path, lang):
     assert not re.search(r"unpkg\.com|cdnjs\.cloudflare\.com/ajax/libs/(mathjax|require|jquery|font-awesome)", html)
     assert "../node_modules/mathjax/MathJax.js" in html
     assert ("# YOUR CODE HERE" not in html) and ("HIDE" not in html)
+    # a tall slide scrolls within the canvas (in canvas pixels), not within 95 % of the window
+    assert "calc(95vh)" not in html and "$('.reveal').height()" not in html
+    assert all(fixed in html for fixed in slides.SCROLL_FIXES.values())
+    assert "word-break: keep-all" in html
     if lang == "ko":
         assert "어블레이션 사다리" in html
 
