@@ -271,4 +271,9 @@ def _first_to_last_ratio(n_layers: int, d: int = 64) -> float:
 def vanishing_depth() -> int:
     """Experiment: the smallest depth in 1, 2, 4, ..., 64 at which the first layer of a plain ReLU FFN
     stack (d = 64) receives less than 10⁻⁶ of the gradient norm its last layer receives."""
-    return next(n for n in (2**i for i in range(7)) if _first_to_last_ratio(n) < 1e-6)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: on busy shared cores, more threads only slow the grader down
+    try:
+        return next(n for n in (2**i for i in range(7)) if _first_to_last_ratio(n) < 1e-6)
+    finally:
+        torch.set_num_threads(threads)
