@@ -28,6 +28,19 @@ def test_noise_distribution_and_draws():
     assert (freq - p).abs().max() < 0.01
 
 
+def test_noise_table_keeps_every_words_probability_on_a_zipf_vocabulary():
+    # the shape of lesson 01's vocabulary: 9,000 words, counts falling as 1/rank, the rarest at 5
+    counts = (45_000 / torch.arange(1, 9_001, dtype=torch.float64)).clamp(min=5).round()
+    p = w2v.noise_distribution(counts)
+    table = AliasTable(p)
+    V = len(p)
+    rebuilt = table.accept / V + torch.zeros(V, dtype=torch.float64).index_add_(0, table.alias, (1 - table.accept) / V)
+    assert ((rebuilt - p).abs() / p).max() < 1e-9  # the rarest words too, not only the frequent ones
+    draws = table.sample((400_000, 5), torch.Generator().manual_seed(1))
+    freq = torch.bincount(draws.flatten(), minlength=V).double() / draws.numel()
+    assert (freq[:10] - p[:10]).abs().max() < 0.002 and abs(float(freq[V // 2:].sum() - p[V // 2:].sum())) < 0.002
+
+
 def _brute_pairs(ids, sent, window):
     pairs = []
     for o in range(1, window + 1):
