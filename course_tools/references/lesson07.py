@@ -1,15 +1,22 @@
 """Exercises of lesson 07: a causal pre-LN GPT block, the next-token loss, GPT's parameter count,
-temperature sampling, top-k and top-p filtering, and one attention step with a KV cache."""
+temperature sampling, top-k and top-p filtering, and one attention step with a KV cache; five
+self-check questions and one experiment (how many characters top-p keeps on the shipped model).
+
+The hints name the usual mistakes (no shift, the tied unembedding counted twice, the crossing token
+dropped, ...); where an answer matches none, the last hint of a function exercise gives the recipe.
+"""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
 
-from course_tools.checks import Case, exercise
-from course_tools.references._shared import attention_weights, close
+from course_tools.checks import Case, exercise, question
+from course_tools.references._shared import attention_weights, close, known_wrong
+from course_utils import pretrained
 from course_utils.attention import merge_heads, scaled_dot_product_attention, split_heads
 from course_utils.generate import top_k_filter, top_p_filter
 from course_utils.gpt import GPTConfig, count_params
@@ -166,6 +173,8 @@ def _temperature_cases(gen: torch.Generator) -> list[Case]:
 
 def _temperature_hint(case: Case, got, expected) -> str | None:
     logits, temp, u = case.args
+    if isinstance(got, torch.Tensor) and got.shape == (*expected.shape, 1):
+        return "return one token id per row, shape (B,): drop the trailing axis of size 1"
     if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
         return None
     if temp == 0:
@@ -176,8 +185,11 @@ def _temperature_hint(case: Case, got, expected) -> str | None:
         return "the temperature is missing: divide the logits by it before the softmax"
     if torch.equal(got, _inverse_cdf(torch.softmax(logits * temp, -1), u)):
         return "divide the logits by the temperature, do not multiply"
-    return ("turn the scaled logits into probabilities with softmax before the cumulative sum: "
-            "sampling from raw logits is not sampling from the model's distribution")
+    if torch.equal(got, inverse_cdf(torch.cumsum(logits.double() / temp, dim=-1), u)):
+        return ("the cumulative sum must run over probabilities (softmax first), not over logits: "
+                "sampling from raw logits is not sampling from the model's distribution")
+    return ("one way: probs = softmax(logits / temperature), cdf = probs.cumsum(-1), then "
+            "torch.searchsorted(cdf, u[:, None], right=True) finds each row's first index with cdf > u")
 
 
 @exercise(cases=_temperature_cases, hints=[_temperature_hint])
@@ -185,7 +197,7 @@ def sample_with_temperature(logits: torch.Tensor, temperature: float, u: torch.T
     """logits (B, V), uniform numbers u (B,) in [0, 1) -> token ids (B,).
 
     p = softmax(logits / temperature); token = the first index whose cumulative probability exceeds
-    u (``torch.searchsorted(cdf, u, right=True)``). Temperature 0 means greedy (arg-max).
+    u. Temperature 0 means greedy (arg-max).
     """
     if temperature == 0:
         return logits.argmax(-1)
@@ -211,8 +223,9 @@ def _top_k_hint(case: Case, got, expected) -> str | None:
     if torch.equal(got > 0, expected > 0) and not sums_to_one:
         return "renormalise: the kept probabilities must sum to 1 (softmax over the kept logits)"
     if int((got > 0).sum(-1)[0]) != k:
-        return f"keep exactly the k={k} largest logits per row (torch.topk), set the rest to -inf"
-    return None
+        return f"keep exactly the k={k} largest logits per row, set the rest to -inf"
+    return ("one way: torch.topk(logits, k).values[:, -1:] is each row's k-th largest logit; set the "
+            "logits below it to -inf and take the softmax")
 
 
 @exercise(cases=_k_cases, hints=[_top_k_hint])
@@ -243,7 +256,9 @@ def _top_p_hint(case: Case, got, expected) -> str | None:
                 "mass of the tokens ranked above it is below p")
     if torch.equal(got > 0, expected > 0):
         return "the right tokens are kept; renormalise their probabilities to sum to 1"
-    return None
+    return ("one way: sort the probabilities in decreasing order, keep a token while cumsum − its own "
+            "probability is below p, put the decision back in vocabulary order (scatter with the sort's "
+            "indices), zero the rest and renormalise")
 
 
 @exercise(cases=_p_cases, hints=[_top_p_hint])
@@ -290,3 +305,135 @@ def kv_attention_step(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     k_all = torch.cat([k_cache, k_new], dim=-2)
     v_all = torch.cat([v_cache, v_new], dim=-2)
     return scaled_dot_product_attention(q, k_all, v_all)[0], k_all, v_all
+
+
+# ------------------------------------------------------------------ self-check questions
+
+@question(explain="training scores every position at once: one row of V = 84 logits for each of the 4 × 16 "
+                  "positions.",
+          hints=[known_wrong({
+              (4, 84): "that is generation, which reads only the last position; in training every position "
+                       "predicts its next token",
+              (4, 15, 84): "the model returns logits at all 16 positions; it is the loss that leaves out the last one",
+              (4, 16): "each position gets one score per vocabulary entry: the V = 84 axis stays",
+              (4, 16, 16): "T × T is the attention inside a block; the output has one score per vocabulary entry",
+          })])
+def logits_shape() -> tuple:
+    """The shape of a GPT's logits (V = 84) for training tokens of shape (B, T) = (4, 16)."""
+    return (4, 16, 84)
+
+
+@question(explain="the blocks hold about 12·L·d²: twice as many blocks, each a quarter as large (d enters "
+                  "squared), give half the parameters.", atol=0.02,
+          hints=[known_wrong({
+              1: "the width enters squared: halving d quarters every block, doubling L only doubles their number",
+              2: "halving d does not halve a block: its 12d² falls to a quarter",
+              0.25: "that is one block; there are now twice as many of them: 2 × 1/4",
+              4: "halving d divides each block by four, it does not multiply it",
+          })])
+def reshaped_block_params() -> float:
+    """The factor by which 12·L·d² changes when L doubles and d halves."""
+    return 0.5
+
+
+@question(explain="about 2 FLOPs per weight in the forward pass (a multiply and an add) and about twice that in "
+                  "the backward pass: 2N + 4N = 6N per token.", atol=0.3,
+          hints=[known_wrong({
+              2: "2N is the forward pass alone; training also runs the backward pass, about twice as costly",
+              3: "training costs 3 × the forward pass, and the forward pass already costs 2 FLOPs per weight",
+              4: "the backward pass costs about 4N, and the forward pass (2N) still runs before it",
+              1: "one multiply and one add per weight is already 2 FLOPs, in the forward pass alone",
+          })])
+def training_flops_per_param() -> float:
+    """Training FLOPs per token and per parameter (short context): C ≈ 6ND."""
+    return 6.0
+
+
+@question(explain="the running total is 0.5, 0.7, 0.85: the third token carries it across p = 0.8 and stays; the "
+                  "fourth is not needed.",
+          hints=[known_wrong({
+              2: "the third token carries the total from 0.7 across 0.8: top-p keeps the crossing token",
+              4: "after three tokens the total is 0.85, already at least 0.8: the fourth is not needed",
+              5: "top-p cuts the tail: the kept tokens only need to reach p = 0.8",
+              1: "0.5 alone is below 0.8: keep adding tokens until the total reaches p",
+          })])
+def nucleus_count() -> int:
+    """How many of the sorted probabilities 0.5, 0.2, 0.15, 0.1, 0.05 top-p with p = 0.8 keeps."""
+    probs = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05], dtype=torch.float64)
+    return int((top_p_filter(probs.log(), 0.8) > float("-inf")).sum())
+
+
+@question(explain="every block keeps one key and one value of width d = 768 per token (the 12 heads split d, "
+                  "they do not multiply it): 2 × 12 × 768 = 18,432 numbers.", atol=0.5,
+          hints=[known_wrong({
+              9216: "a cache holds keys and values: two vectors per block and token",
+              1536: "every one of the 12 blocks keeps its own key and value",
+              768: "keys and values, in every one of the 12 blocks: 2 · L · d",
+              221184: "the 12 heads split d = 768 into 12 × 64; they do not multiply it",
+          })])
+def kv_numbers_per_token() -> int:
+    """Numbers a KV cache of GPT-2 small (L = 12, d = 768) stores per token."""
+    return 2 * 12 * 768
+
+
+# ------------------------------------------------------------------ experiment: the width of the nucleus
+
+NUCLEUS_WINDOWS = 16  # the first 16 windows of the shipped model's fixed validation slice: 2,048 positions
+NUCLEUS_P = 0.9
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped_positions() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Next-character probabilities (N, V) of the shipped model over the experiment's positions, and
+    whether each position's input character (N,) and target character (N,) is a space."""
+    lm, chars = pretrained.load("shakespeare_char_small")
+    x, y = pretrained.fixed_slice(chars, lm.config.max_len, NUCLEUS_WINDOWS)
+    with torch.no_grad():
+        probs = torch.softmax(lm(x)[0], dim=-1).flatten(0, 1)
+    space = chars.encode(" ")[0]
+    return probs, (x == space).flatten(), (y == space).flatten()
+
+
+def _nucleus_means(sizes: torch.Tensor, where: torch.Tensor) -> tuple[float, float]:
+    sizes = sizes.double()
+    return round(sizes[where].mean().item(), 1), round(sizes[~where].mean().item(), 1)
+
+
+def _kept_counts(probs: torch.Tensor, p: float) -> torch.Tensor:
+    """(N, V) -> (N,): how many tokens top-p keeps at each position (the crossing token included)."""
+    sorted_probs = probs.sort(dim=-1, descending=True).values
+    return ((sorted_probs.cumsum(-1) - sorted_probs) < p).sum(-1)
+
+
+def _pair_close(got, alt: tuple[float, float]) -> bool:
+    return (isinstance(got, (tuple, list)) and len(got) == 2
+            and all(isinstance(g, (int, float)) and abs(g - a) <= 0.15 for g, a in zip(got, alt, strict=True)))
+
+
+def _nucleus_hint(case: Case, got, expected) -> str | None:
+    probs, after_space, before_space = _shipped_positions()
+    sorted_probs = probs.sort(dim=-1, descending=True).values
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        return "set a tuple of two numbers: (mean after a space, mean after any other character)"
+    if _pair_close(got, expected[::-1]):
+        return "the two numbers are swapped: first the positions after a space, then the others"
+    if _pair_close(got, _nucleus_means((sorted_probs.cumsum(-1) < NUCLEUS_P).sum(-1), after_space)):
+        return ("the token that carries the running total across p was dropped; top-p keeps it (a token stays "
+                "while the mass ranked above it is below p)")
+    if _pair_close(got, _nucleus_means(_kept_counts(probs, NUCLEUS_P), before_space)):
+        return ("that splits the positions by the character to be predicted; the question is about the "
+                "character the model has just read (the input x)")
+    if _pair_close(got, _nucleus_means(((probs.cumsum(-1) - probs) < NUCLEUS_P).sum(-1), after_space)):
+        return "sort each row's probabilities in decreasing order before the running total"
+    return None
+
+
+@question(explain="after a space the next word is open and the nucleus holds about 17 characters; inside a word "
+                  "the spelling narrows it to about 5: top-p adapts its cut to the model's certainty, top-k "
+                  "does not.", atol=0.15, hints=[_nucleus_hint])
+def nucleus_sizes() -> tuple[float, float]:
+    """Experiment: the mean number of characters top-p (p = 0.9) keeps on the shipped model over the first
+    16 windows of its fixed validation slice, at positions whose input character is a space and at all
+    others, each rounded to one decimal."""
+    probs, after_space, _ = _shipped_positions()
+    return _nucleus_means(_kept_counts(probs, NUCLEUS_P), after_space)
