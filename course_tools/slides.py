@@ -129,7 +129,9 @@ def build_slides(path: Path, out_dir: Path, assets: Path | None = None) -> Path:
     """Write out_dir/<lesson>.slides.html from the stored outputs of the notebook at `path`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     nb = nbformat.read(path, as_version=4)
-    html, _ = exporter(out_dir, assets).from_notebook_node(nb)
+    heading = next((c.source.splitlines()[0] for c in nb.cells if c.cell_type == "markdown" and c.source), "")
+    title = heading.lstrip("# ").strip() or path.stem  # the browser tab shows the lesson, not "Notebook"
+    html, _ = exporter(out_dir, assets).from_notebook_node(nb, resources={"metadata": {"name": title}})
     html = fit_scrolling(html)
     target = out_dir / f"{path.stem}.slides.html"
     target.write_text(html, encoding="utf-8")

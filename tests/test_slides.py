@@ -58,6 +58,8 @@ def test_build_offline_slides(tmp_path, lang):
     assert "calc(95vh)" not in html and "$('.reveal').height()" not in html
     assert all(fixed in html for fixed in slides.SCROLL_FIXES.values())
     assert "word-break: keep-all" in html
+    title = nb.cells[0].source.splitlines()[0].lstrip("# ")
+    assert f"<title>{title} slides</title>" in html
     if lang == "ko":
         assert "어블레이션 사다리" in html
 
