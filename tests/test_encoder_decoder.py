@@ -235,6 +235,42 @@ def test_beam_search_of_width_one_is_greedy_and_wider_beams_score_no_worse():
     assert (score(wide) >= score(greedy) - 1e-5).all()
 
 
+def _beam_search_without_cache(model, src_row, max_new, k):
+    """Beam search on one source (1, S) that re-runs the whole model on every full prefix: no KV cache,
+    no reordering. Returns the best sequence after <s>, without trailing <pad>."""
+    beams = [(0.0, [BOS], False)]  # (summed log-probability, ids, finished)
+    for _ in range(max_new):
+        candidates = []
+        for score, seq, done in beams:
+            if done:  # a finished beam keeps its score and only extends with <pad>
+                candidates.append((score, seq + [PAD], True))
+                continue
+            with torch.no_grad():
+                logp = F.log_softmax(model(src_row, torch.tensor([seq]))[0, -1], -1)
+            candidates += [(score + logp[t].item(), seq + [t], t in (EOS, PAD)) for t in range(len(logp))]
+        beams = sorted(candidates, key=lambda c: -c[0])[:k]
+    best = beams[0][1][1:]
+    while best and best[-1] == PAD:
+        best.pop()
+    return best
+
+
+@pytest.mark.parametrize("beam_size", [2, 3, 5])
+def test_beam_search_with_the_kv_cache_equals_a_cache_free_reference(beam_size):
+    model, gen = _model(seed=4), torch.Generator().manual_seed(4)
+    with torch.no_grad():  # sharper predictions, never <pad> or <s>: the beams differ from greedy, one ends early
+        model.lm_head.weight.mul_(3.0)
+        model.lm_head.bias[PAD] = model.lm_head.bias[BOS] = -1e4
+    src, _ = _batch(gen)
+    cached = beam_search(model, src, 7, beam_size=beam_size).tolist()
+    assert beam_size < 5 or cached != greedy_decode(model, src, 7).tolist()
+    for b in range(src.shape[0]):
+        row = cached[b]
+        while row and row[-1] == PAD:
+            row.pop()
+        assert row == _beam_search_without_cache(model, src[b:b + 1], 7, beam_size)
+
+
 def test_decoder_only_prefix_loss_and_generation():
     torch.manual_seed(0)
     model = DecoderOnly(vocab_size=20, max_len=16, d_model=16, n_heads=2, n_layers=2).eval()
