@@ -110,15 +110,17 @@ class Transformer(nn.Module):
     ``encoder`` holds ``blocks`` (``TransformerBlock``, no mask but the source padding) and
     ``final_norm``; ``decoder`` holds ``blocks`` (``DecoderBlock``) and ``final_norm``. As in
     ``torch.nn.Transformer``, both stacks end with a LayerNorm (needed after pre-LN blocks).
+    ``n_encoder_layers=0`` leaves the encoder position-wise: memory position s is the normalised
+    source vector s, unmixed with the others (lesson 10 uses it to see the alignment).
     """
 
     def __init__(self, d_model: int, n_heads: int, n_encoder_layers: int, n_decoder_layers: int,
                  d_ff: int | None = None, activation: str = "relu", norm_first: bool = False,
                  eps: float = 1e-5, bias: bool = True, dropout: float = 0.0) -> None:
         super().__init__()
-        if n_encoder_layers < 1 or n_decoder_layers < 1:
-            raise ValueError(f"n_encoder_layers={n_encoder_layers} and n_decoder_layers={n_decoder_layers} "
-                             "must be at least 1")
+        if n_encoder_layers < 0 or n_decoder_layers < 1:
+            raise ValueError(f"n_encoder_layers={n_encoder_layers} must be at least 0 and "
+                             f"n_decoder_layers={n_decoder_layers} at least 1")
         self.d_model, self.n_heads = d_model, n_heads
         self.encoder = nn.Module()
         self.encoder.blocks = nn.ModuleList(

@@ -310,8 +310,24 @@ def test_shape_and_size_errors():
         model(torch.randint(0, 5, (2, 3)), torch.randn(2, 3, 8))
     with pytest.raises(ValueError, match="src_pad must be a bool"):
         model(torch.randn(2, 3, 8), torch.randn(2, 3, 8), torch.zeros(2, 3))
-    with pytest.raises(ValueError, match="must be at least 1"):
-        Transformer(8, 2, 0, 1)
+    with pytest.raises(ValueError, match="n_decoder_layers=0 at least 1"):
+        Transformer(8, 2, 1, 0)
+    with pytest.raises(ValueError, match="n_encoder_layers=-1 must be at least 0"):
+        Transformer(8, 2, -1, 1)
+
+
+def test_an_encoder_without_blocks_keeps_each_memory_position_to_its_own_source_vector():
+    torch.manual_seed(0)
+    model = Transformer(8, 2, 0, 1).eval()
+    src = torch.randn(2, 5, 8)
+    changed = src.clone()
+    changed[:, 2] = torch.randn(2, 8)
+    memory, memory_changed = model.encode(src), model.encode(changed)
+    assert torch.allclose(memory, model.encoder.final_norm(src))
+    moved = (memory - memory_changed).abs().amax(dim=(0, 2))
+    assert moved[2] > 0.1 and moved[[0, 1, 3, 4]].max() == 0  # only the changed position moves
+    mixing = Transformer(8, 2, 1, 1).eval()  # one self-attention block: every position moves
+    assert (mixing.encode(src) - mixing.encode(changed)).abs().amax(dim=(0, 2)).min() > 1e-3
 
 
 # ------------------------------------------------------------------------ lesson 10 exercises
