@@ -368,5 +368,10 @@ def block_removal_similarities() -> list[float]:
 def most_changing_block() -> int:
     """Experiment: the block of all-MiniLM-L6-v2 whose removal (its input passed on unchanged) moves the
     mean-pooled sentence embeddings of ten documents the most (lowest mean cosine similarity)."""
-    sims = block_removal_similarities()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # small batches: on busy shared cores more threads only slow the grader down
+    try:
+        sims = block_removal_similarities()
+    finally:
+        torch.set_num_threads(threads)
     return min(range(len(sims)), key=sims.__getitem__)
