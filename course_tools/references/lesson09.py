@@ -1,5 +1,7 @@
 """Exercises of lesson 09: SwiGLU, RoPE on queries and keys, grouped-query attention, one KV-cache
-step with grouped-query attention, and the parameter count of a LLaMA-style block."""
+step with grouped-query attention, and the parameter count of a LLaMA-style block; five self-check
+questions and one experiment (how many powers of ten of gradient a stack without residual
+connections loses at initialisation)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,11 @@ import math
 import torch
 import torch.nn.functional as F
 
-from course_tools.checks import Case, exercise
+from course_tools.checks import Case, exercise, question
 from course_tools.references._shared import close as _close
+from course_tools.references._shared import known_wrong
 from course_utils.blocks import block_parameter_count
+from course_utils.gpt import GPT, GPTConfig
 from course_utils.positional import apply_rope
 
 
@@ -40,7 +44,7 @@ def _swiglu_hint(case: Case, got, expected) -> str | None:
         return "SwiGLU uses the SiLU (swish) x·σ(x), not the GELU"
     if _close(got, (torch.sigmoid(x @ w_gate) * (x @ w_in)) @ w_out):
         return "SiLU is x·σ(x), not σ(x) alone (F.silu)"
-    return None
+    return "F.silu computes the SiLU; apply it to x @ W_gate, multiply by x @ W_in element by element, then @ W_out"
 
 
 @exercise(cases=_swiglu_cases, hints=[_swiglu_hint])
@@ -80,7 +84,8 @@ def _rope_hint(case: Case, got, expected) -> str | None:
         return "that pairs feature j with j + d/2 (Hugging Face's halves); here pairs are neighbours (2i, 2i+1)"
     if q.shape[-2] > 1 and _close(got, q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])):
         return "no rotation was applied: rotate pair i of position p by the angle p·base^(−2i/d)"
-    return None
+    return ("build the (T, d/2) angles p·base^(−2i/d) in float64 (exact for large p), rotate the even and odd "
+            "features x[..., 0::2], x[..., 1::2] of q and of k, interleave them back, then q_rot k_rotᵀ / √d")
 
 
 @exercise(cases=_rope_cases, hints=[_rope_hint])
@@ -117,7 +122,8 @@ def _gqa_hint(case: Case, got, expected) -> str | None:
         return "apply the causal mask: token t may only attend to positions up to t"
     if _close(got, _attend(q, full_k, full_v, scale=False)):
         return "divide the scores by √d"
-    return None
+    return ("give each query head its key/value head: k.repeat_interleave(H // H_kv, dim=1) (same for v), or "
+            "reshape q to (B, H_kv, H // H_kv, T, d) and broadcast; then ordinary causal attention")
 
 
 @exercise(cases=_gqa_cases, hints=[_gqa_hint])
@@ -193,3 +199,103 @@ def llama_block_params(d_model: int, n_heads: int, n_kv_heads: int, d_ff: int) -
     (head size d_model/n_heads), RMSNorm, SwiGLU of width d_ff; no biases."""
     return block_parameter_count(d_model, d_ff, "swiglu", bias=False, n_heads=n_heads, n_kv_heads=n_kv_heads,
                                  norm="rmsnorm")
+
+
+# ------------------------------------------------------------------ self-check questions
+
+@question(explain="RMSNorm is LayerNorm without subtracting the mean and without β: on a vector whose mean is "
+                  "already 0 (and with β = 0 and the same γ) the two compute the same thing.",
+          hints=[known_wrong({
+              "a": "RMSNorm does not subtract the mean: a vector with a large mean comes out differently",
+              "c": "unit variance is not enough: RMSNorm divides by √(mean(x²)) = √(variance + mean²)",
+              "d": "they agree whenever the mean is already 0: subtracting it then changes nothing",
+          })])
+def rmsnorm_equals_layernorm() -> str:
+    """Multiple choice: when do RMSNorm and LayerNorm (β = 0, same γ, same ε) give the same output?"""
+    return "b"
+
+
+@question(explain="the GELU MLP has 2·D·4D = 8D² weights, SwiGLU 3·D·F: equal for F = 8D/3 = 2,048 at D = 768.",
+          hints=[known_wrong({
+              3072: "that is the GELU MLP's width 4D; SwiGLU has three D × F matrices, so it must be narrower",
+              1536: "F = 2D gives 6D² weights, fewer than the 8D² of the GELU MLP",
+          })])
+def swiglu_equal_width() -> int:
+    """The SwiGLU width F that matches the weights (no biases) of a GELU MLP of width 4D, at D = 768."""
+    return 8 * 768 // 3
+
+
+@question(explain="a group of H/H_kv = 4 neighbouring query heads shares a key/value head: 13 // 4 = 3.",
+          hints=[known_wrong({
+              5: "13 % 8 pairs head i with i mod H_kv (what repeat gives); neighbouring heads share: i // (H/H_kv)",
+              1: "13 // 8 divides by H_kv; the group size is H / H_kv = 4",
+              13: "with 8 key/value heads there is no head 13: the 32 query heads share 8",
+          })])
+def gqa_kv_head() -> int:
+    """Which key/value head (counted from 0) does query head 13 read, with H = 32 and H_kv = 8?"""
+    return 13 // (32 // 8)
+
+
+@question(explain="2 (key and value) · 32 layers · 8 key/value heads · 128 numbers per head · 2 bytes = "
+                  "131,072 bytes (128 KiB) per token.",
+          hints=[known_wrong({
+              65536: "count both the key and the value of every head",
+              524288: "GQA caches the H_kv = 8 key/value heads, not the 32 query heads (that is LLaMA-2 7B's 512 KiB)",
+              262144: "bf16 takes 2 bytes per number, not 4",
+              1024: "that is one layer; multiply by the 32 layers",
+              4096: "that is one layer; multiply by the 32 layers",
+          })])
+def kv_bytes_llama3() -> int:
+    """Bytes of KV cache per token of LLaMA-3 8B in bf16: L = 32, H = 32, H_kv = 8, d_head = 128."""
+    return 2 * 32 * 8 * 128 * 2
+
+
+@question(explain="W_K and W_V shrink from 64 × 64 to 64 × 32 (2 heads of 16): 2 · 64 · 32 = 4,096 fewer "
+                  "weights per block, 12,288 in the 3 blocks (152,896 − 140,608).",
+          hints=[known_wrong({
+              4096: "that is one block; the ladder's model has 3",
+              6144: "W_V shrinks too, not only W_K",
+              24576: "only W_K and W_V lose half of their columns; W_Q and W_O keep all 4 heads",
+              12480: "the '+ GQA' rung has no biases: count the weights only",
+          })])
+def gqa_params_saved() -> int:
+    """Parameters saved in the ladder's model (D = 64, H = 4, L = 3, no biases) by 2 key/value heads instead of 4."""
+    return 3 * 2 * 64 * (64 - 32)
+
+
+# ------------------------------------------------------------------ experiment: gradients without residuals
+
+def _gradient_at_positions(residual: bool, seed: int, n_layers: int = 3) -> float:
+    """Norm of the loss gradient at the position table of a freshly initialised ladder model
+    (D = 64, H = 4, no normalisation) on one random batch of 8 windows of 32 tokens."""
+    config = GPTConfig(vocab_size=65, max_len=32, n_layers=n_layers, n_heads=4, d_model=64, norm="none",
+                       residual=residual)
+    torch.manual_seed(seed)
+    model = GPT(config)
+    gen = torch.Generator().manual_seed(seed)
+    idx, targets = torch.randint(0, 65, (2, 8, 32), generator=gen)
+    logits, _ = model(idx)
+    F.cross_entropy(logits.flatten(0, 1), targets.flatten()).backward()
+    return model.position_embedding.weight.grad.norm().item()
+
+
+@question(explain="each block without the x + path multiplies the gradient by about 10⁻⁴ (its weight matrices "
+                  "of GPT-2's N(0, 0.02) scale it down several times); three blocks give about 10⁻¹², "
+                  "while the residual path carries it through unchanged.",
+          hints=[known_wrong({
+              4: "that is one block (L = 1); the ladder's stack has L = 3",
+              8: "that is two blocks (L = 2); the ladder's stack has L = 3",
+              -12: "the ratio is the wrong way round: with residual connections divided by without",
+              0: "the two models must differ: one with residual=False, one with residual=True, from the same seed",
+          })])
+def no_residual_gradient_orders() -> int:
+    """Experiment: log10 of (gradient norm at the position table with residual connections / without),
+    rounded, for the ladder's L = 3 stack without normalisation at initialisation."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: one thread is fastest on a shared CPU (0.2 s instead of 2)
+    try:
+        ratios = [math.log10(_gradient_at_positions(True, seed) / _gradient_at_positions(False, seed))
+                  for seed in (0, 1)]
+    finally:
+        torch.set_num_threads(threads)
+    return round(sum(ratios) / len(ratios))
