@@ -242,7 +242,6 @@ def gqa_kv_head() -> int:
               65536: "count both the key and the value of every head",
               524288: "GQA caches the H_kv = 8 key/value heads, not the 32 query heads (that is LLaMA-2 7B's 512 KiB)",
               262144: "bf16 takes 2 bytes per number, not 4",
-              1024: "that is one layer; multiply by the 32 layers",
               4096: "that is one layer; multiply by the 32 layers",
           })])
 def kv_bytes_llama3() -> int:
