@@ -32,8 +32,8 @@ class CellClock:
         self._started = time.perf_counter()
 
     def stop(self, cell: nbformat.NotebookNode, cell_index: int, **_) -> None:
-        headings = [c.source.splitlines()[0].lstrip("# ") for c in self.nb.cells[:cell_index]
-                    if c.cell_type == "markdown" and c.source.startswith("#")]
+        headings = [line.lstrip("# ") for c in self.nb.cells[:cell_index] if c.cell_type == "markdown"
+                    for line in c.source.splitlines() if line.startswith("#")]
         self.cells.append({"index": cell_index, "id": cell.get("id"), "section": (headings or [""])[-1],
                            "first_line": (cell.source.splitlines() or [""])[0][:80],
                            "seconds": round(time.perf_counter() - self._started, 2)})

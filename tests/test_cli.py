@@ -42,8 +42,8 @@ def test_run_executes_records_mode_and_refuses_smoke_outputs(tmp_path, capsys):
 
 def test_run_timings_name_the_slow_cells_and_their_section(tmp_path, capsys):
     path = tmp_path / "00_slow.ipynb"
-    nb = new_notebook(cells=[new_markdown_cell("## 1. Waiting"), new_code_cell("import time\ntime.sleep(5.3)"),
-                             new_code_cell("x = 1")])
+    nb = new_notebook(cells=[new_markdown_cell("Intro.\n\n## 1. Waiting\n\nText."),
+                             new_code_cell("import time\ntime.sleep(5.3)"), new_code_cell("x = 1")])
     nbformat.write(nb, path)
     timings = tmp_path / "t.json"
     assert main(["run", "--mode", "cpu", "--timings", str(timings), str(path)]) == 0
