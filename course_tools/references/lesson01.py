@@ -1,5 +1,6 @@
 """Exercises of lesson 01: the embedding lookup as a one-hot product, (centre, context) pairs of a
-window, the negative-sampling loss, cosine nearest neighbours and the 3CosAdd analogy.
+window, the negative-sampling loss, cosine nearest neighbours and the 3CosAdd analogy; five
+self-check questions and one experiment (how much of the dynamic window's pairs are next-door words).
 
 The hints rebuild the usual mistakes (off-by-one ids, the centre paired with itself, the wrong
 sign on the noise words, dot products instead of cosines, the query words left in the answer).
@@ -7,12 +8,14 @@ sign on the noise words, dot products instead of cosines, the query words left i
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
-from course_tools.checks import Case, exercise
-from course_tools.references._shared import close
-from course_utils.word2vec import sgns_loss
+from course_tools.checks import Case, exercise, question
+from course_tools.references._shared import close, known_wrong
+from course_utils.word2vec import sgns_loss, skipgram_pairs
 
 # --- the embedding lookup -----------------------------------------------------------------------
 
@@ -80,15 +83,18 @@ def context_pairs(ids: torch.Tensor, window: int) -> torch.Tensor:
 
 
 def _loss_cases(gen: torch.Generator) -> list[Case]:
-    sizes = [(1, 1, 2), (4, 3, 5), (8, 5, 16), (16, 10, 32)]
-    return [Case(f"v_centre (B={b}, D={d}), u_context (B={b}, D={d}), u_noise (B={b}, K={k}, D={d})",
-                 (torch.randn(b, d, generator=gen), torch.randn(b, d, generator=gen),
-                  torch.randn(b, k, d, generator=gen)))
-            for b, k, d in sizes]
+    sizes = [(1, 1, 2, 1.0), (4, 3, 5, 1.0), (8, 5, 16, 1.0), (16, 10, 32, 1.0), (8, 5, 32, 10.0)]
+    return [Case(f"v_centre (B={b}, D={d}), u_context (B={b}, D={d}), u_noise (B={b}, K={k}, D={d})"
+                 + (f", vectors of size ~{scale:g} (scores in the hundreds)" if scale > 1 else ""),
+                 (torch.randn(b, d, generator=gen) * scale, torch.randn(b, d, generator=gen) * scale,
+                  torch.randn(b, k, d, generator=gen) * scale))
+            for b, k, d, scale in sizes]
 
 
 def _loss_hint(case: Case, got, expected) -> str | None:
     v, u, n = case.args
+    if isinstance(got, torch.Tensor) and got.is_floating_point() and not torch.isfinite(got).all():
+        return "log(sigmoid(x)) underflows to log 0 = -inf once x is below about -90: F.logsigmoid computes it safely"
     pos = F.logsigmoid((u * v).sum(-1))
     noise_scores = torch.einsum("bkd,bd->bk", n, v)
     if close(got, -(pos + F.logsigmoid(noise_scores).sum(-1))):
@@ -187,3 +193,97 @@ def analogy_3cosadd(E: torch.Tensor, a: int, b: int, c: int) -> torch.Tensor:
     scores = unit @ (unit[b] - unit[a] + unit[c])
     scores[[a, b, c]] = -float("inf")
     return scores.argmax()
+
+
+# --- self-check questions ------------------------------------------------------------------------
+
+@question(explain="skip-gram keeps two tables of one row per word: in_embed (V × D) and out_embed (V × D), "
+                  "2 · 9,119 · 100 = 1,823,800 numbers.",
+          hints=[known_wrong({
+              911_900: "that is one table; skip-gram trains two, in_embed (centre words) and out_embed (context words)",
+              83_156_161: "nothing here is V × V: each table holds one row of D numbers per word",
+              200: "the tables have one row per word of the vocabulary, not one number per dimension",
+          })])
+def skipgram_parameters() -> int:
+    """The trainable numbers of lesson 01's SkipGram for V = 9,119 words and D = 100."""
+    return 2 * 9_119 * 100
+
+
+@question(explain="with u = 0 every score is 0 and each of the 1 + K = 11 terms is −log σ(0) = log 2: "
+                  "11 log 2 ≈ 7.62.", atol=0.01,
+          hints=[known_wrong({
+              10 * math.log(2): "that counts the K noise terms only; the true context adds one more log 2",
+              6 * math.log(2): "6 log 2 is the lesson's K = 5; here there are K = 10 noise words",
+              math.log(2): "that is one term; the loss sums 1 + K of them",
+              11: "each term is −log σ(0) = −log(1/2) = log 2 ≈ 0.693, not 1",
+              0: "σ(0) = 1/2, not 1: an untrained model is unsure, and each term costs log 2",
+          })])
+def initial_loss_k10() -> float:
+    """The loss per pair of an untrained skip-gram model (output vectors all zero) with K = 10."""
+    return 11 * math.log(2)
+
+
+@question(explain="'to be or not to be' uses 4 different words; a repeated word is one row, "
+                  "and the gradients of its two uses add up there.",
+          hints=[known_wrong({
+              6: "'to' and 'be' appear twice, but each word is one row: their two gradients add up in it",
+              9_119: "only the rows that were looked up receive a gradient; the other rows stay untouched",
+              0: "every looked-up row takes part in the loss, so each gets a gradient",
+          })])
+def rows_with_gradient() -> int:
+    """How many rows of W_emb (V = 9,119) get a non-zero gradient from a loss on 'to be or not to be'."""
+    return 4
+
+
+@question(explain="the relation man → woman is the difference unit(woman) − unit(man); added to king it "
+                  "points to the female counterpart of king.",
+          hints=[known_wrong({
+              "a": "(a) starts from king and moves towards 'male': the relation is woman − man, added to king",
+              "c": "(c) subtracts the female direction from king: it points to a male word",
+              "d": "(d) adds all three and takes no difference, so it encodes no relation",
+          })])
+def analogy_choice() -> str:
+    """Multiple choice: the vector 3CosAdd compares every word with for man : woman :: king : ?."""
+    return "b"
+
+
+@question(explain="a power below 1 flattens the distribution: rare words get more than their share of the "
+                  "draws and the most frequent words less.",
+          hints=[known_wrong({
+              "a": "a power above 1 would favour frequent words; 0.75 < 1 flattens the counts",
+              "c": "count^0.75 is not proportional to count: the ratio of two words' chances shrinks",
+              "d": "every word equally often is the power 0; 0.75 flattens only part of the way",
+          })])
+def noise_power_choice() -> str:
+    """Multiple choice: what drawing noise words ∝ count^0.75 instead of ∝ count changes."""
+    return "b"
+
+
+# --- experiment ----------------------------------------------------------------------------------
+
+def _near_share(window: int, n_tokens: int = 20_000) -> float:
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.arange(n_tokens)
+    centre, context = skipgram_pairs(ids, torch.zeros(n_tokens, dtype=torch.long), window, gen)
+    return float(((centre - context).abs() == 1).double().mean())
+
+
+@question(explain="with the dynamic window a pair at distance k is kept when the drawn reach is at least k, "
+                  "so distance 1 always counts and the share of next-door pairs is 2 / (w + 1): "
+                  "1/3 at w = 5, 0.29 at w = 6.",
+          hints=[known_wrong({
+              4: "with a fixed window every distance is equally common (share 1/w); the dynamic window "
+                 "keeps near pairs more often: pass a generator to skipgram_pairs",
+              5: "at w = 5 the share is 1/3, just above 0.3: count the pairs at distance 1 among all pairs",
+              7: "a smaller window already gives less than 30%: try every w from 1 up",
+              3: "at w = 3 half of the pairs are next-door words: count distance 1 only, not 1 and 2",
+          })])
+def smallest_window_near_share() -> int:
+    """Experiment: the smallest window w in 1..10 at which fewer than 30% of the dynamic-window
+    (centre, context) pairs are words at distance 1."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # small tensors: on busy shared cores, more threads only slow the grader down
+    try:
+        return next(w for w in range(1, 11) if _near_share(w) < 0.3)
+    finally:
+        torch.set_num_threads(threads)
