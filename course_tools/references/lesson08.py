@@ -1,5 +1,6 @@
 """Exercises of lesson 08: a batch of windows with shifted targets, perplexity, the warmup +
-cosine learning-rate schedule, one BPE merge, and gradient clipping by the global norm.
+cosine learning-rate schedule, one BPE merge, and gradient clipping by the global norm; five
+self-check questions and one experiment (a learning-rate sweep on a tiny GPT).
 
 The hints rebuild the usual mistakes (targets equal to the inputs, the log left in perplexity, warmup off
 by one, clipping each tensor on its own, overlapping merges) and say which one an answer matches.
@@ -8,13 +9,15 @@ by one, clipping each tensor on its own, overlapping merges) and say which one a
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 
-from course_tools.checks import Case, exercise
-from course_tools.references._shared import close
-from course_utils import bpe, train
+from course_tools.checks import Case, exercise, question
+from course_tools.references._shared import close, known_wrong
+from course_utils import bpe, gpt, train
 
 # --- a batch of shifted windows ------------------------------------------------------------------
 
@@ -175,3 +178,130 @@ def clip_gradients(grads: list[torch.Tensor], max_norm: float) -> list[torch.Ten
     total = torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
     scale = min(1.0, max_norm / (float(total) + 1e-6))
     return [g * scale for g in grads]
+
+
+# --- self-check questions ------------------------------------------------------------------------
+
+def _near(table: dict[float, str], atol: float) -> Callable:
+    """A hint for numeric answers typed with a few digits: the misconception of the nearest known
+    wrong value within ``atol``."""
+
+    def hint(case: Case, got, expected) -> str | None:
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            return None
+        return next((why for wrong, why in table.items() if abs(got - wrong) <= atol), None)
+
+    return hint
+
+
+@question(explain="logits near 0 make the softmax almost uniform: p(correct) ≈ 1/84, and −ln(1/84) = ln 84 ≈ 4.43.",
+          atol=0.05,
+          hints=[_near({84: "84 is the perplexity at initialisation; the loss is its logarithm, ln 84",
+                        6.39: "6.39 = log₂ 84 is the loss in bits; PyTorch's cross-entropy uses the natural log",
+                        1.92: "1.92 = log₁₀ 84; the cross-entropy uses the natural logarithm",
+                        0.0: "an untrained model is not certain of anything: the loss is far above 0",
+                        0.01: "≈ 1/84 is the probability of the right character, not the loss −ln p"}, atol=0.03)])
+def init_loss() -> float:
+    """The cross-entropy (nats) of a freshly initialised GPT-2-style model with V = 84 on real text."""
+    return math.log(84)
+
+
+@question(explain="windows overlap, so with a random split most validation windows would share their text with "
+                  "training windows: the validation loss would measure recall, not prediction of unseen text.",
+          hints=[known_wrong({
+              "a": "speed is the same either way: sampling a window costs one slice",
+              "c": "the last 10 % is harder (other works), but that is a side effect the lesson measures, "
+                   "not the reason for the split",
+              "d": "that is what the lesson's held-out chunks are for; a split by position exists so that "
+                   "no validation text was trained on",
+          })])
+def split_choice() -> str:
+    """Multiple choice: why the split is by position, not by shuffling windows."""
+    return "b"
+
+
+@question(explain="12 windows × 64 tokens per micro-batch, 4 micro-batches per step, on each of 2 processes: "
+                  "12 · 64 · 4 · 2 = 6,144 tokens per optimiser step.",
+          atol=0.5,
+          hints=[known_wrong({
+              768: "768 is one micro-batch on one process; the step also sums the 4 micro-batches on both GPUs",
+              3072: "that is one GPU's share; DDP averages the gradients of both processes, so the step sees both",
+              1536: "gradient accumulation adds the 4 micro-batches of each process to one step",
+              24576: "the context length counts once: each window gives 64 predictions",
+          })])
+def tokens_per_step() -> int:
+    """Predicted tokens per optimiser step: batch 12, context 64, grad_accum 4, 2 DDP processes."""
+    return 12 * 64 * 4 * 2
+
+
+@question(explain="the course's AdamW decays the matrices (embeddings and linear layers) and leaves biases and "
+                  "LayerNorm gains alone: shrinking a gain or a bias towards 0 has no regularising purpose.",
+          hints=[known_wrong({
+              "a": "decaying LayerNorm gains pulls them towards 0 and silently shrinks every normalised "
+                   "activation: the course decays the matrices only",
+              "c": "it is the other way round: the matrices are decayed, the 1-D parameters are not",
+              "d": "decoupled weight decay is a separate shrink step, not the learning rate",
+          })])
+def decayed_params() -> str:
+    """Multiple choice: which parameters the course's AdamW applies weight decay to."""
+    return "b"
+
+
+@question(explain="6 N FLOPs per token = 6 · 10⁸, times 2 · 10⁵ tokens/s = 1.2 · 10¹⁴ FLOP/s = 120 TFLOP/s; "
+                  "120 / 312 = 38.5 % of the bf16 peak.",
+          atol=0.5,
+          hints=[_near({12.8: "2N counts the forward pass only; training adds the backward pass (4N): 6N in all",
+                        25.6: "4N is the backward pass alone; training costs forward + backward = 6N per token",
+                        76.9: "that divides by the TF32 peak (156); the run is in bf16, whose peak is 312",
+                        0.38: "the question asks for a percentage: multiply the fraction by 100"}, atol=0.3)])
+def mfu_percent() -> float:
+    """MFU in % of a 100M-parameter model at 200,000 tokens/s on a 312 TFLOP/s (bf16) GPU, 6N per token."""
+    return 100 * 6 * 100e6 * 200e3 / 312e12
+
+
+# --- experiment: a learning-rate sweep -------------------------------------------------------------
+
+BIGRAM_V = 32
+LR_GRID = (1e-4, 1e-3, 1e-2, 1e-1)
+
+
+def bigram_tokens(n: int, seed: int = 0) -> torch.Tensor:
+    """(n,) tokens of a fixed random bigram language over BIGRAM_V symbols: each token depends
+    only on the one before it, so a trained model's loss can fall to the chain's entropy."""
+    gen = torch.Generator().manual_seed(seed)
+    table = torch.softmax(2.0 * torch.randn(BIGRAM_V, BIGRAM_V, generator=gen), dim=-1)
+    successors = torch.multinomial(table, n, replacement=True, generator=gen).tolist()
+    tokens, state = [], 0
+    for i in range(n):
+        state = successors[state][i]
+        tokens.append(state)
+    return torch.tensor(tokens)
+
+
+def loss_after_training(lr: float, data: torch.Tensor, seed: int = 0) -> float:
+    """The validation loss (last 2,000 tokens) of the smoke-size GPT after 60 steps of batch 16 at peak ``lr``."""
+    torch.manual_seed(seed)
+    model = gpt.GPT(replace(gpt.GPTConfig.preset("smoke"), vocab_size=BIGRAM_V))
+    cfg = train.TrainConfig(batch_size=16, max_iters=60, warmup_iters=6, lr=lr, min_lr=lr / 10, eval_interval=60,
+                            eval_iters=4, seed=seed, compile=False, dtype="float32")
+    return train.train(model, data[:-2000], data[-2000:], cfg, progress=False).val_loss
+
+
+@question(explain="at 1e-4 and 1e-3, 60 Adam steps move each weight by at most about 60·lr: the loss has barely "
+                  "left ln 32; at 0.1 every step throws the weights so far that the loss goes back to ln 32; 0.01 "
+                  "gets within a few tenths of the chain's entropy.",
+          hints=[known_wrong({
+              1e-4: "1e-4 gives the highest loss: did you take the max, or did every run train at the same "
+                    "rate (check that your function passes lr and min_lr = lr/10 to the schedule)?",
+              1e-3: "1e-3 has not gone far in 60 steps: compare the losses after the 60 steps, not earlier",
+              1e-1: "at 0.1 the loss ends back near ln 32 ≈ 3.47: pick the lowest final validation loss",
+          })])
+def best_lr() -> float:
+    """Experiment: the peak learning rate in LR_GRID with the lowest validation loss after 60 steps."""
+    data = bigram_tokens(20_000)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: one thread is fastest, and on a busy machine far faster
+    try:
+        return min(LR_GRID, key=lambda lr: loss_after_training(lr, data))
+    finally:
+        torch.set_num_threads(threads)
