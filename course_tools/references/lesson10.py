@@ -1,5 +1,11 @@
 """Exercises of lesson 10: cross-attention, a post-LN decoder block, the teacher-forcing loss on the
-shifted target, one greedy step, one beam-search step, and the decoder's two masks."""
+shifted target, one greedy step, one beam-search step, and the decoder's two masks; five self-check
+questions and one experiment (how many memory positions one changed digit moves, with and without
+the encoder's self-attention).
+
+The hints name the usual mistakes (unmasked padding, pre-LN for post-LN, no shift, parent and token
+swapped, ...); where an answer matches none, the last hint of a function exercise gives the recipe.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +14,12 @@ import math
 import torch
 import torch.nn.functional as F
 
-from course_tools.checks import Case, exercise
+from course_tools.checks import Case, exercise, question
 from course_tools.references._shared import close as _close
+from course_tools.references._shared import known_wrong
 from course_utils import encoder_decoder
 from course_utils.attention import causal_mask, merge_heads, scaled_dot_product_attention, split_heads
+from course_utils.sino_korean import DIGIT_VOCAB, HANGUL_VOCAB, make_pairs
 
 PAD = encoder_decoder.PAD
 
@@ -122,7 +130,8 @@ def _block_hint(case: Case, got, expected) -> str | None:
         return "the self-attention needs the causal mask: syllable t must not see the syllables after it"
     if not bool(keep.all()) and _close(got, _decoder_block(x, memory, keep, w, h, cross_mask=False)):
         return "the cross-attention must not look at padded source positions (mask with src_keep)"
-    return None
+    return ("one way: for each sublayer in turn, h = F.layer_norm(x + sublayer(x), (D,), gamma_i, beta_i, 1e-5); "
+            "the cross-attention's keys and values come from memory, its queries from x")
 
 
 @exercise(cases=_block_cases, hints=[_block_hint])
@@ -168,7 +177,8 @@ def _loss_hint(case: Case, got, expected) -> str | None:
         return "<pad> positions were scored: ignore target id 0 (ignore_index=0)"
     if math.isclose(got, float(F.cross_entropy(flat, tgt[:, :-1].reshape(-1), ignore_index=PAD)), rel_tol=1e-4):
         return "not shifted: the logits at position t predict tgt[:, t + 1], so compare with tgt[:, 1:]"
-    return None
+    return ("one way: F.cross_entropy(logits.reshape(-1, V), tgt[:, 1:].reshape(-1), ignore_index=0) "
+            "averages over the positions that are not <pad>")
 
 
 @exercise(cases=_loss_cases, hints=[_loss_hint])
@@ -228,7 +238,8 @@ def _beam_hint(case: Case, got, expected) -> str | None:
         return "parent and token are swapped: flat index i is parent i // V, token i % V"
     if bool(done.any()):
         return "a finished beam may only extend with <pad> (log-probability 0), every other token −∞"
-    return None
+    return ("one way: total = scores[..., None] + log_probs, flattened to (B, K·V); topk(beam_size) gives "
+            "the scores and flat indices i, with parent = i // V and token = i % V")
 
 
 @exercise(cases=_beam_cases, hints=[_beam_hint])
@@ -270,3 +281,100 @@ def decoder_masks(src: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tensor
     positions. Returns (self_mask (T, T): causal, query t sees keys 0..t; cross_mask (B, 1, 1, S):
     True at real source tokens, broadcastable to the cross-attention scores (B, H, T, S))."""
     return torch.ones(T, T, dtype=torch.bool).tril(), (src != PAD)[:, None, None, :]
+
+
+# ------------------------------------------------------------------ self-check questions
+
+@question(explain="one weight per (query, key) pair in each head: the queries are the decoder's T = 6 positions, "
+                  "the keys the encoder's S = 4 digits, so (B, H, T, S) = (2, 4, 6, 4).",
+          hints=[known_wrong({
+              (2, 4, 6, 6): ("that is the decoder's self-attention (T × T); the keys of cross-attention "
+                             "are the S = 4 digits"),
+              (2, 4, 4, 6): "rows are queries, and the queries come from the decoder: (B, H, T, S), not (B, H, S, T)",
+              (2, 4, 4, 4): ("that is the encoder's self-attention (S × S); the queries come from the "
+                             "decoder's T = 6 positions"),
+              (2, 6, 4): "each head has its own weights: the H = 4 axis stays",
+          })])
+def cross_weights_shape() -> tuple:
+    """The shape of the cross-attention weights for B = 2, H = 4, T = 6 target and S = 4 source positions."""
+    return (2, 4, 6, 4)
+
+
+@question(explain="the whole source is known before the first syllable, so nothing is hidden for causality; "
+                  "only the padded source positions must get no weight.",
+          hints=[known_wrong({
+              "a": ("the causal mask hides later *target* tokens; every source digit is already known, "
+                    "and padding must still be masked"),
+              "c": "no causal mask is needed in cross-attention: the source is complete before decoding starts",
+              "d": "padded source positions would then take weight: the padding mask is needed",
+          })])
+def cross_mask_choice() -> str:
+    """Multiple choice: which mask(s) the decoder's cross-attention needs."""
+    return "b"
+
+
+@question(explain="the decoder reads <s> 이 천 이 십 육 (6 positions) and each predicts the next token: "
+                  "the 5 syllables and </s>.",
+          hints=[known_wrong({
+              5: "</s> is predicted too: the model must learn where the reading ends",
+              7: "<s> is only ever read, never predicted: 6 inputs, 6 predictions",
+              1: "teacher forcing scores every position in the same pass, not only the last one",
+          })])
+def predictions_scored() -> int:
+    """How many predictions one teacher-forcing pass scores for the reading 이천이십육."""
+    return 6
+
+
+@question(explain="every one of the 4 beams is extended by every one of the 20 tokens: 4 × 20 = 80 candidates, "
+                  "of which the 4 best are kept.",
+          hints=[known_wrong({
+              20: "that is the extensions of one beam; each of the 4 beams is extended by every token",
+              4: "4 are kept, but 4 × 20 are scored to choose them",
+              16: "beams are extended by every token of the vocabulary, not only by the other beams' tokens",
+              24: "the candidates multiply (each beam × each token), they do not add",
+          })])
+def beam_candidates() -> int:
+    """Candidates scored per source in one beam-search step with 4 beams and 20 target tokens."""
+    return 4 * 20
+
+
+@question(explain="11 0000 is 11 in the 만 group: 십일 (the 1 before 십 is silent), then 만; the zeros of the "
+                  "last group are silent and nothing follows, so no space.",
+          hints=[known_wrong({
+              "일십일만": "a 1 before 십, 백 or 천 is silent: 10 is 십, so 11 is 십일",
+              "십일만 ": "a space follows a 만 group only when more follows; here the last group is all zeros",
+              "만": "that is 10000; 110000 has eleven of them",
+              "십만": "that is 100000; 110000 is eleven 만",
+          })])
+def reading_110000() -> str:
+    """The Sino-Korean reading of 110000 in the lesson's spacing convention."""
+    return "십일만"
+
+
+# ------------------------------------------------------------------ the experiment
+
+def _moved_positions(n_encoder_layers: int, seed: int = 0) -> int:
+    """Memory positions that move when the first digit of 3040526 becomes 9, in an untrained model."""
+    torch.manual_seed(seed)
+    model = encoder_decoder.EncoderDecoder(encoder_decoder.Seq2SeqConfig(
+        len(DIGIT_VOCAB), len(HANGUL_VOCAB), 24, 24, d_model=64, n_heads=4,
+        n_encoder_layers=n_encoder_layers)).eval()
+    src, _ = make_pairs([3040526, 9040526], "read")
+    with torch.no_grad():
+        memory = model.transformer.encode(model.src_embedding(src), src != PAD)
+    return int(((memory[0] - memory[1]).abs().amax(-1) > 1e-6).sum())
+
+
+@question(explain="without encoder blocks memory position s is LayerNorm(embedding + position) of digit s "
+                  "alone, so only position 0 moves; one self-attention block already lets every position "
+                  "take in the changed digit, so with two blocks all 7 move.",
+          hints=[known_wrong({
+              (1, 1): "with 2 blocks the other positions move too: their self-attention reads the changed digit",
+              (7, 7): "with no encoder block nothing mixes: memory s depends on digit s and its position only",
+              (0, 7): "the changed digit's own memory position moves as well: count it",
+              (1, 2): "self-attention reads every position at once: one block already reaches all 7, not one neighbour",
+              (0, 0): "compare the memories position by position with a small tolerance (1e-6): some move",
+          })])
+def changed_positions() -> tuple:
+    """Experiment: (memory positions moved by changing the first digit with 0 encoder blocks, with 2)."""
+    return (_moved_positions(0), _moved_positions(2))
