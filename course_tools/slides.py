@@ -125,10 +125,18 @@ def fit_scrolling(html: str) -> str:
     return html.replace("</head>", KEEP_WORDS, 1)
 
 
+def without_test_markers(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Drop the `# NBVAL_...` lines (instructions to the tests, not to the audience) from code cells."""
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.source = "\n".join(line for line in cell.source.split("\n") if not line.startswith("# NBVAL_"))
+    return nb
+
+
 def build_slides(path: Path, out_dir: Path, assets: Path | None = None) -> Path:
     """Write out_dir/<lesson>.slides.html from the stored outputs of the notebook at `path`."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    nb = nbformat.read(path, as_version=4)
+    nb = without_test_markers(nbformat.read(path, as_version=4))
     heading = next((c.source.splitlines()[0] for c in nb.cells if c.cell_type == "markdown" and c.source), "")
     title = heading.lstrip("# ").strip() or path.stem  # the browser tab shows the lesson, not "Notebook"
     html, _ = exporter(out_dir, assets).from_notebook_node(nb, resources={"metadata": {"name": title}})

@@ -13,9 +13,10 @@ DECKS = sorted(p for pattern in ("notebooks/*.ipynb", "notebooks/*/*.ipynb") for
                if any("slideshow" in c.metadata for c in nbformat.read(p, as_version=4).cells))
 
 
-def test_lesson_09_has_slides_in_both_languages():
-    assert {str(p.relative_to(ROOT)) for p in DECKS} >= {"notebooks/09_modern_decoder.ipynb",
-                                                        "notebooks/ko/09_modern_decoder.ipynb"}
+def test_every_lesson_has_slides_in_both_languages():
+    lessons = sorted(p.name for p in ROOT.glob("notebooks/[0-9][0-9]_*.ipynb"))
+    assert {str(p.relative_to(ROOT)) for p in DECKS} >= {f"notebooks/{lang}{name}" for name in lessons
+                                                        for lang in ("", "ko/")}
 
 
 @pytest.mark.parametrize("path", DECKS, ids=lambda p: str(p.relative_to(ROOT)))
@@ -69,3 +70,12 @@ def test_missing_assets_and_lesson_name_the_fix(tmp_path):
         slides.exporter(tmp_path, tmp_path)
     with pytest.raises(FileNotFoundError, match="course translate fr"):
         slides.lesson_path(ROOT, "09", "fr")
+
+
+@pytest.mark.parametrize("path", DECKS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_deck_builds_with_one_section_per_slide(tmp_path, path):
+    html = slides.build_slides(path, tmp_path, None).read_text(encoding="utf-8")
+    nb = nbformat.read(path, as_version=4)
+    horizontal = sum(slides.slide_type(group[0]) == "slide" for group in slides.slides(nb))
+    assert html.count("<section") == len(slides.slides(nb)) + horizontal
+    assert "NBVAL" not in html  # the tests' markers are not shown to the audience

@@ -150,5 +150,7 @@ def test_document_sections_are_translated_or_kept_in_english_with_a_reason(tmp_p
     assert "section intro is stale" in problems and "entry developers matches no section" in problems
 
 
-def test_korean_edition_covers_the_learner_documents():
-    assert {p.stem for p in translate.document_files(ROOT, "ko")} >= {"LECTURE_MAP"}
+def test_korean_edition_covers_every_lesson_and_the_learner_documents():
+    lessons = {p.stem for p in ROOT.glob("notebooks/[0-9][0-9]_*.ipynb")}
+    assert {p.stem for p in translate.translation_files(ROOT, "ko")} == lessons
+    assert {p.stem for p in translate.document_files(ROOT, "ko")} == set(translate.DOCUMENTS)
