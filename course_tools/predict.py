@@ -27,17 +27,22 @@ def _matches(prediction: Any, measured: Any, tolerance: float) -> bool:
     return prediction == measured
 
 
-def reveal(prediction: Any, measured: Any, why: str, tolerance: float = 0.0) -> bool:
+def judge(prediction: Any, measured: Any, tolerance: float = 0.0) -> bool:
+    """Whether a written prediction matches the measurement (False if none was written)."""
+    prediction, measured = _plain(prediction), _plain(measured)
+    return prediction not in (Ellipsis, None) and _matches(prediction, measured, tolerance)
+
+
+def reveal(prediction: Any, measured: Any, why: str, tolerance: float = 0.0) -> None:
     """Print the prediction against the measurement (numbers within ``tolerance`` count as right)
-    and one sentence on why; return whether the prediction was right (False if none was written)."""
+    and one sentence on why. Returns nothing, so the cell shows only the printed lines."""
     prediction, measured = _plain(prediction), _plain(measured)
     if prediction is Ellipsis or prediction is None:
         print(f"measured: {measured!r} (write your prediction first, then run this cell again)")
         print(f"why: {why}")
-        return False
-    right = _matches(prediction, measured, tolerance)
+        return
+    right = judge(prediction, measured, tolerance)
     close = f" (within {tolerance:g})" if tolerance and right else ""
     verdict = "right" if right else "not what happened"
     print(f"your prediction {prediction!r}, measured {measured!r}: {verdict}{close}")
     print(f"why: {why}")
-    return right
