@@ -10,6 +10,7 @@ network. The build fails on any Sphinx warning, a missing lesson page or a broke
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import subprocess
 import sys
@@ -76,6 +77,10 @@ def stage(src: Path) -> None:
         shutil.copy2(path, target)
     shutil.copy2(ROOT / "LICENSE", src / "LICENSE")
     (src / "index.md").write_text((ROOT / "README.md").read_text(encoding="utf-8") + HOME_NAV, encoding="utf-8")
+    for page in reference_pages():  # the README is the home page: links to it go to index.md
+        staged = src / page.relative_to(ROOT)
+        staged.write_text(re.sub(r"\]\(((?:\.\./)*)README\.md", r"](\1index.md",
+                                 staged.read_text(encoding="utf-8")), encoding="utf-8")
     reference = "\n".join(str(p.relative_to(ROOT).with_suffix("")) for p in reference_pages())
     toctree = f"```{{toctree}}\n:maxdepth: 1\n\n{reference}\n```\n"
     (src / "reference.md").write_text(f"# Reference\n\n{REFERENCE_INTRO}\n\n{toctree}", encoding="utf-8")
