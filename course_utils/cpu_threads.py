@@ -8,10 +8,23 @@ faster count, and drops back to one thread for good when steps suddenly slow dow
 
 from __future__ import annotations
 
+import contextlib
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """PyTorch's intra-op threads set to ``n`` (None: unchanged) inside the block, restored after it."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class ThreadTuner:

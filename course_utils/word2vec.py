@@ -13,11 +13,10 @@ in gensim, whose benchmark files (shipped inside the gensim wheel) we evaluate o
 
 from __future__ import annotations
 
-import contextlib
 import importlib.resources
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from course_utils.cpu_threads import torch_threads
 from course_utils.sampling import AliasTable
 from course_utils.tokenize import Vocab
 
@@ -269,20 +269,8 @@ def train_sgns(sentences: Sequence[Sequence[str]], config: Word2VecConfig | None
     if not sentences or isinstance(sentences[0], str):
         raise ValueError("train_sgns() takes a list of sentences, each a list of words; "
                          "use course_utils.tokenize.sentences(text)")
-    with _torch_threads(threads):
+    with torch_threads(threads):
         return _train_sgns(sentences, config, log_every, progress, device)
-
-
-@contextlib.contextmanager
-def _torch_threads(n: int | None) -> Iterator[None]:
-    """PyTorch's intra-op threads set to ``n`` (None: unchanged) inside the block."""
-    before = torch.get_num_threads()
-    if n is not None:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _train_sgns(sentences: Sequence[Sequence[str]], config: Word2VecConfig, log_every: int, progress: bool,

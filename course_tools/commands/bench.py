@@ -21,6 +21,7 @@ from torch import nn
 
 from course_tools.commands import fail
 from course_utils import gpt
+from course_utils.cpu_threads import torch_threads
 from course_utils.train import TrainConfig, make_optimizer
 
 PROG = "course bench"
@@ -120,9 +121,7 @@ class BenchResult:
 
 def compare(size: BenchSize, threads: int, rounds: int = 5, steps: int = 5, warmup: int = 2) -> BenchResult:
     """Interleaved timing of the two models at ``size`` with ``threads`` PyTorch threads."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         torch.manual_seed(0)
         ours, theirs = Trainer(course_model(size), size), Trainer(reference_model(size), size)
         ours.steps(warmup)
@@ -132,8 +131,6 @@ def compare(size: BenchSize, threads: int, rounds: int = 5, steps: int = 5, warm
             order = (("ours", ours), ("theirs", theirs)) if r % 2 == 0 else (("theirs", theirs), ("ours", ours))
             for name, trainer in order:
                 speed[name].append(steps * trainer.tokens_per_step / trainer.steps(steps))
-    finally:
-        torch.set_num_threads(previous)
     ratio = statistics.median(a / b for a, b in zip(speed["ours"], speed["theirs"], strict=True))
     return BenchResult(size.name, threads, statistics.median(speed["ours"]), statistics.median(speed["theirs"]),
                        ratio)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from course_tools.checks import Case, exercise, question
 from course_tools.references._shared import close, known_wrong
+from course_utils.cpu_threads import torch_threads
 from course_utils.word2vec import sgns_loss, skipgram_pairs
 
 # --- the embedding lookup -----------------------------------------------------------------------
@@ -281,9 +282,5 @@ def _near_share(window: int, n_tokens: int = 20_000) -> float:
 def smallest_window_near_share() -> int:
     """Experiment: the smallest window w in 1..10 at which fewer than 30% of the dynamic-window
     (centre, context) pairs are words at distance 1."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small tensors: on busy shared cores, more threads only slow the grader down
-    try:
+    with torch_threads(1):  # small tensors: on busy shared cores, more threads only slow the grader down
         return next(w for w in range(1, 11) if _near_share(w) < 0.3)
-    finally:
-        torch.set_num_threads(threads)

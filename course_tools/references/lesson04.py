@@ -10,6 +10,7 @@ from course_tools.checks import Case, exercise, question
 from course_tools.references._shared import close, known_wrong
 from course_utils import blocks
 from course_utils.blocks import FeedForward, block_parameter_count
+from course_utils.cpu_threads import torch_threads
 
 SHAPES = [(1, 1, 4), (2, 3, 8), (3, 5, 16)]
 EPS = [1e-5, 1e-2, 0.5]  # a large ε makes "ε outside the root" visible
@@ -271,9 +272,5 @@ def _first_to_last_ratio(n_layers: int, d: int = 64) -> float:
 def vanishing_depth() -> int:
     """Experiment: the smallest depth in 1, 2, 4, ..., 64 at which the first layer of a plain ReLU FFN
     stack (d = 64) receives less than 10⁻⁶ of the gradient norm its last layer receives."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny tensors: on busy shared cores, more threads only slow the grader down
-    try:
+    with torch_threads(1):  # tiny tensors: on busy shared cores, more threads only slow the grader down
         return next(n for n in (2**i for i in range(7)) if _first_to_last_ratio(n) < 1e-6)
-    finally:
-        torch.set_num_threads(threads)

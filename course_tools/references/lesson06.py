@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from course_tools.checks import Case, exercise, question
 from course_tools.references._shared import close, known_wrong
 from course_utils.blocks import TransformerBlock
+from course_utils.cpu_threads import torch_threads
 from course_utils.encoder import (
     POSITION_IDS_KEY,
     SentenceEncoder,
@@ -368,10 +369,6 @@ def block_removal_similarities() -> list[float]:
 def most_changing_block() -> int:
     """Experiment: the block of all-MiniLM-L6-v2 whose removal (its input passed on unchanged) moves the
     mean-pooled sentence embeddings of ten documents the most (lowest mean cosine similarity)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small batches: on busy shared cores more threads only slow the grader down
-    try:
+    with torch_threads(1):  # small batches: on busy shared cores more threads only slow the grader down
         sims = block_removal_similarities()
-    finally:
-        torch.set_num_threads(threads)
     return min(range(len(sims)), key=sims.__getitem__)

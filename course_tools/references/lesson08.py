@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from course_tools.checks import Case, exercise, question
 from course_tools.references._shared import close, known_wrong
 from course_utils import bpe, gpt, train
+from course_utils.cpu_threads import torch_threads
 
 # --- a batch of shifted windows ------------------------------------------------------------------
 
@@ -300,9 +301,5 @@ def loss_after_training(lr: float, data: torch.Tensor, seed: int = 0) -> float:
 def best_lr() -> float:
     """Experiment: the peak learning rate in LR_GRID with the lowest validation loss after 60 steps."""
     data = bigram_tokens(20_000)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny model: one thread is fastest, and on a busy machine far faster
-    try:
+    with torch_threads(1):  # a tiny model: one thread is fastest, and on a busy machine far faster
         return min(LR_GRID, key=lambda lr: loss_after_training(lr, data))
-    finally:
-        torch.set_num_threads(threads)

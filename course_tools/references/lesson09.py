@@ -14,6 +14,7 @@ from course_tools.checks import Case, exercise, question
 from course_tools.references._shared import close as _close
 from course_tools.references._shared import known_wrong
 from course_utils.blocks import block_parameter_count
+from course_utils.cpu_threads import torch_threads
 from course_utils.gpt import GPT, GPTConfig
 from course_utils.positional import apply_rope
 
@@ -290,11 +291,7 @@ def _gradient_at_positions(residual: bool, seed: int, n_layers: int = 3) -> floa
 def no_residual_gradient_orders() -> int:
     """Experiment: log10 of (gradient norm at the position table with residual connections / without),
     rounded, for the ladder's L = 3 stack without normalisation at initialisation."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: one thread is fastest on a shared CPU (0.2 s instead of 2)
-    try:
+    with torch_threads(1):  # tiny models: one thread is fastest on a shared CPU (0.2 s instead of 2)
         ratios = [math.log10(_gradient_at_positions(True, seed) / _gradient_at_positions(False, seed))
                   for seed in (0, 1)]
-    finally:
-        torch.set_num_threads(threads)
     return round(sum(ratios) / len(ratios))
