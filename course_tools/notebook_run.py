@@ -26,15 +26,18 @@ class CellClock:
     lecturer can see which cells to pre-run (nbclient calls ``start``/``stop`` around each cell)."""
 
     def __init__(self, nb: nbformat.NotebookNode) -> None:
-        self.nb, self.cells, self._started = nb, [], 0.0
+        self.cells, self._started, self.sections, heading = [], 0.0, [], ""
+        for c in nb.cells:  # sections[i]: the last heading before cell i, also one mid-cell
+            self.sections.append(heading)
+            if c.cell_type == "markdown":
+                heading = next((line.lstrip("# ") for line in reversed(c.source.splitlines())
+                                if line.startswith("#")), heading)
 
     def start(self, cell: nbformat.NotebookNode, cell_index: int, **_) -> None:
         self._started = time.perf_counter()
 
     def stop(self, cell: nbformat.NotebookNode, cell_index: int, **_) -> None:
-        headings = [line.lstrip("# ") for c in self.nb.cells[:cell_index] if c.cell_type == "markdown"
-                    for line in c.source.splitlines() if line.startswith("#")]
-        self.cells.append({"index": cell_index, "id": cell.get("id"), "section": (headings or [""])[-1],
+        self.cells.append({"index": cell_index, "id": cell.get("id"), "section": self.sections[cell_index],
                            "first_line": (cell.source.splitlines() or [""])[0][:80],
                            "seconds": round(time.perf_counter() - self._started, 2)})
 

@@ -41,7 +41,7 @@ def reveal(prediction: Any, measured: Any, why: str, tolerance: float = 0.0) -> 
         print(f"measured: {measured!r} (write your prediction first, then run this cell again)")
         print(f"why: {why}")
         return
-    right = judge(prediction, measured, tolerance)
+    right = _matches(prediction, measured, tolerance)
     close = f" (within {tolerance:g})" if tolerance and right else ""
     verdict = "right" if right else "not what happened"
     print(f"your prediction {prediction!r}, measured {measured!r}: {verdict}{close}")

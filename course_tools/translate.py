@@ -160,16 +160,12 @@ def build_file(root: Path, path: Path) -> Edition:
 def build(root: Path, lang: str) -> Edition:
     """Build every lesson that has a translation file for `lang`."""
     edition = Edition()
-    paths = translation_files(root, lang)
-    if not paths and not document_files(root, lang):
+    parts = [build_file(root, p) for p in translation_files(root, lang)] + \
+        [build_document(root, p) for p in document_files(root, lang)]
+    if not parts:
         edition.problems.append(f"no translation files in notebooks/{lang}/; start one with "
                                 f"`course translate {lang} --scaffold NN_topic`")
-    for path in paths:
-        part = build_file(root, path)
-        edition.files.update(part.files)
-        edition.problems += part.problems
-    for path in document_files(root, lang):
-        part = build_document(root, path)
+    for part in parts:
         edition.files.update(part.files)
         edition.problems += part.problems
     return edition

@@ -71,17 +71,17 @@ def stage(src: Path) -> None:
     """Copy the pages, the configuration and the vendored scripts into one Sphinx source folder."""
     if src.exists():
         shutil.rmtree(src)
-    for path in [p for pattern in PAGES for p in ROOT.glob(pattern)] + reference_pages():
+    references = reference_pages()
+    for path in [p for pattern in PAGES for p in ROOT.glob(pattern)] + references:
         target = src / path.relative_to(ROOT)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
+        if path in references:  # the README is the home page: links to it go to index.md
+            target.write_text(re.sub(r"\]\(((?:\.\./)*)README\.md", r"](\1index.md",
+                                     path.read_text(encoding="utf-8")), encoding="utf-8")
     shutil.copy2(ROOT / "LICENSE", src / "LICENSE")
     (src / "index.md").write_text((ROOT / "README.md").read_text(encoding="utf-8") + HOME_NAV, encoding="utf-8")
-    for page in reference_pages():  # the README is the home page: links to it go to index.md
-        staged = src / page.relative_to(ROOT)
-        staged.write_text(re.sub(r"\]\(((?:\.\./)*)README\.md", r"](\1index.md",
-                                 staged.read_text(encoding="utf-8")), encoding="utf-8")
-    reference = "\n".join(str(p.relative_to(ROOT).with_suffix("")) for p in reference_pages())
+    reference = "\n".join(str(p.relative_to(ROOT).with_suffix("")) for p in references)
     toctree = f"```{{toctree}}\n:maxdepth: 1\n\n{reference}\n```\n"
     (src / "reference.md").write_text(f"# Reference\n\n{REFERENCE_INTRO}\n\n{toctree}", encoding="utf-8")
     for folder, (title, intro) in SECTIONS.items():

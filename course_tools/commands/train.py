@@ -161,8 +161,10 @@ def run(args: argparse.Namespace) -> int:
     elif runtime.device().type == "cpu":
         cores = torch.get_num_threads()  # PyTorch's default: one per physical core
         alone = int(os.environ.get("WORLD_SIZE", "1")) == 1
-        tuner = ThreadTuner(cores) if cores >= 2 and alone else None
-        torch.set_num_threads(train.CPU_THREADS)
+        if cores >= 2 and alone:
+            tuner = ThreadTuner(cores)  # starts on one thread and measures
+        else:
+            torch.set_num_threads(train.CPU_THREADS)
     try:
         job = prepare(args)
     except USER_ERRORS as err:
