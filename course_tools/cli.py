@@ -1,4 +1,4 @@
-"""The ``course`` command: doctor, run, assign, grade, train, sample, bench, translate, slides."""
+"""The ``course`` command: doctor, run, assign, grade, train, sample, bench, gpu-check, translate, slides."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from course_tools import assign, doctor, grade, notebook_run, slides, translate
-from course_tools.commands import bench, sample, train
+from course_tools.commands import bench, gpu_check, sample, train
 
 # subcommand -> the module that registers it with add_parser(subparsers)
 COMMANDS = {
@@ -17,6 +17,7 @@ COMMANDS = {
     "train": train,
     "sample": sample,
     "bench": bench,
+    "gpu-check": gpu_check,
     "translate": translate,
     "slides": slides,
 }

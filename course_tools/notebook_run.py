@@ -45,8 +45,9 @@ class CellClock:
         return [c for c in self.cells if c["seconds"] > threshold]
 
 
-def run_notebook(path: Path, mode: str, inplace: bool, cell_timeout: int) -> dict:
-    """Execute one notebook in ``mode``; return a row of the summary table (with per-cell times)."""
+def run_notebook(path: Path, mode: str, inplace: bool, cell_timeout: int, out_dir: Path | None = None) -> dict:
+    """Execute one notebook in ``mode``; return a row of the summary table (with per-cell times).
+    The executed notebook is written back with ``inplace``, or as a copy of the same name into ``out_dir``."""
     nb = nbformat.read(path, as_version=4)
     env = {"COURSE_MODE": mode, "TQDM_DISABLE": "1"}
     clock = CellClock(nb)
@@ -67,6 +68,8 @@ def run_notebook(path: Path, mode: str, inplace: bool, cell_timeout: int) -> dic
         nb.metadata["course"] = {**nb.metadata.get("course", {}), "mode": mode, "device": device}
         if inplace:
             nbformat.write(nb, path)
+        if out_dir is not None:
+            nbformat.write(nb, out_dir / path.name)
     return {"notebook": str(path), "mode": mode, "device": device, "seconds": seconds, "status": status,
             "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2),
             "cells": clock.cells, "slow_cells": clock.slow()}
@@ -90,8 +93,13 @@ def main(args: argparse.Namespace) -> int:
     missing = [p for p in args.notebooks if not Path(p).is_file()]
     if missing:
         raise SystemExit(f"no such notebook: {', '.join(missing)}")
+    if args.inplace and args.out_dir:
+        raise SystemExit("choose one of --inplace and --out-dir")
+    out_dir = Path(args.out_dir) if args.out_dir else None
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
     os.environ["COURSE_MODE"] = mode  # so runtime.device()/mode() below agree with the kernels
-    rows = [run_notebook(Path(p), mode, args.inplace, args.cell_timeout) for p in args.notebooks]
+    rows = [run_notebook(Path(p), mode, args.inplace, args.cell_timeout, out_dir) for p in args.notebooks]
     print_table(rows)
     if args.timings:
         Path(args.timings).write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n")
@@ -103,6 +111,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("notebooks", nargs="+", metavar="NOTEBOOK")
     p.add_argument("--mode", choices=runtime.MODES, help="run mode (default: COURSE_MODE or by hardware)")
     p.add_argument("--inplace", action="store_true", help="write the executed notebook back (not in smoke mode)")
+    p.add_argument("--out-dir", metavar="DIR", help="write each executed notebook into DIR (any mode)")
     p.add_argument("--cell-timeout", type=int, default=1800, help="seconds per cell (default 1800)")
     p.add_argument("--timings", metavar="FILE.json",
                    help="write each notebook's total and per-cell seconds and the load average to this file")

@@ -350,7 +350,7 @@ class TrainResult:
 
 def _new_history() -> dict:
     return {"step": [], "loss": [], "lr": [], "eval_step": [], "train_loss": [], "val_loss": [],
-            "eval_time": [], "tokens_per_s": []}
+            "eval_time": [], "eval_elapsed": [], "tokens_per_s": []}
 
 
 @dataclass
@@ -532,8 +532,8 @@ def evaluate(run: Run) -> None:
                            run.cfg.seed + 1, run.dtype, run.where)
     seconds = time.perf_counter() - t0
     for key, value in (("eval_step", run.step), ("train_loss", losses["train"]), ("val_loss", losses["val"]),
-                       ("eval_time", seconds)):
-        run.history[key].append(value)
+                       ("eval_time", seconds), ("eval_elapsed", run.elapsed)):  # elapsed: since the run began
+        run.history.setdefault(key, []).append(value)  # setdefault: histories saved before eval_elapsed existed
     run.meter.paused += seconds
 
 

@@ -35,7 +35,10 @@ def test_bench_prints_speeds_and_the_ratio(capsys):
 
 def test_bench_mistakes_are_one_line(capsys):
     assert cli(["bench"]) == 2
-    assert capsys.readouterr().err == ("course bench: error: only the CPU benchmark exists so far; "
-                                       "run `course bench --cpu`\n")
+    assert capsys.readouterr().err == "course bench: error: say where: `course bench --cpu` or `course bench --gpu`\n"
+    assert cli(["bench", "--cpu", "--dry-run"]) == 2
+    assert capsys.readouterr().err == "course bench: error: --dry-run, --nanogpt and --json go with --gpu\n"
+    assert cli(["bench", "--gpu"]) == 2  # no CUDA on this machine
+    assert capsys.readouterr().err.startswith("course bench: error: course bench --gpu needs a CUDA device")
     assert cli(["bench", "--cpu", "--sizes", "huge"]) == 2
     assert capsys.readouterr().err.startswith("course bench: error: unknown size 'huge'; choose from cpu, char")

@@ -1,4 +1,5 @@
-"""``course bench --cpu``: training speed of the course's GPT against Hugging Face's GPT-2 code.
+"""``course bench --cpu``: training speed of the course's GPT against Hugging Face's GPT-2 code
+(``course bench --gpu``, in ``bench_gpu``: GPT-2 small on a CUDA device, with MFU).
 
 Both models get the same sizes, the same weights' shapes, float32, dropout 0, and the same AdamW;
 the reference runs PyTorch's tanh GELU kernel (``gelu_pytorch_tanh``, the function GPT-2 uses) and
@@ -10,10 +11,12 @@ alternating), so a neighbour's load slows both alike; the ratio is the median ov
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -145,9 +148,14 @@ def load_average() -> str:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    """``course bench --cpu``: print a table of tokens/s and the ratio per size and thread count."""
+    """``course bench --cpu``: a table of tokens/s and the ratio per size and thread count;
+    ``course bench --gpu``: GPT-2 small on the CUDA device (``bench_gpu``)."""
+    if args.gpu:
+        return run_gpu_bench(args)
+    if args.dry_run or args.nanogpt or args.json:
+        return fail(PROG, ValueError("--dry-run, --nanogpt and --json go with --gpu"))
     if not args.cpu:
-        return fail(PROG, ValueError("only the CPU benchmark exists so far; run `course bench --cpu`"))
+        return fail(PROG, ValueError("say where: `course bench --cpu` or `course bench --gpu`"))
     unknown = [s for s in args.sizes if s not in SIZES]
     if unknown:
         return fail(PROG, ValueError(f"unknown size {unknown[0]!r}; choose from {', '.join(SIZES)}"))
@@ -162,13 +170,42 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_gpu_bench(args: argparse.Namespace) -> int:
+    """``course bench --gpu [--dry-run] [--nanogpt model.py] [--json FILE]``."""
+    from course_tools.commands import bench_gpu
+
+    if args.cpu:
+        return fail(PROG, ValueError("choose one of --cpu and --gpu"))
+    try:
+        s = bench_gpu.setting(args.dry_run)
+        contenders = [bench_gpu.course_contender(s.size), bench_gpu.hf_contender(s.size)]
+        if args.nanogpt:
+            contenders.append(bench_gpu.nanogpt_contender(s.size, Path(args.nanogpt)))
+        else:
+            s.skipped.append("nanogpt: no --nanogpt PATH to nanoGPT's model.py given")
+        result = bench_gpu.run(contenders, s, rounds=args.rounds, steps=args.steps, batch=args.batch)
+    except (OSError, ValueError, RuntimeError) as err:
+        return fail(PROG, err)
+    bench_gpu.print_result(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result.to_dict(), indent=1) + "\n")
+    return 0
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register ``course bench``."""
     p = sub.add_parser("bench", help="training tokens/s of the course's GPT vs Hugging Face's GPT-2, same sizes")
-    p.add_argument("--cpu", action="store_true", help="run on the CPU (the only benchmark so far)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--cpu", action="store_true", help="on the CPU, at the sizes of --sizes")
+    where.add_argument("--gpu", action="store_true", help="GPT-2 small on the CUDA device: bf16, compiled, "
+                       "the largest micro-batch that fits, with MFU")
     p.add_argument("--sizes", nargs="+", default=["cpu", "char"], metavar="SIZE",
-                   help=f"sizes to compare ({', '.join(SIZES)}; default cpu char)")
-    p.add_argument("--threads", nargs="+", type=int, default=[1, 2], help="thread counts (default 1 2)")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds per size (default 5)")
+                   help=f"--cpu: sizes to compare ({', '.join(SIZES)}; default cpu char)")
+    p.add_argument("--threads", nargs="+", type=int, default=[1, 2], help="--cpu: thread counts (default 1 2)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     p.add_argument("--steps", type=int, default=5, help="training steps per model and round (default 5)")
+    p.add_argument("--dry-run", action="store_true", help="--gpu: the same code on the CPU at a tiny size")
+    p.add_argument("--nanogpt", metavar="MODEL.PY", help="--gpu: also time nanoGPT's model.py (from a clone)")
+    p.add_argument("--batch", type=int, help="--gpu: micro-batch (default: the largest power of two that fits)")
+    p.add_argument("--json", metavar="FILE", help="--gpu: write the result to this file")
     p.set_defaults(func=run_bench)
