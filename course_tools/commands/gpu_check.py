@@ -45,7 +45,7 @@ LESSONS = ("notebooks/03_multi_head_attention.ipynb", "notebooks/07_gpt_model.ip
 TARGET_VAL_LOSS = 1.47  # nanoGPT's shakespeare_char: 1.4697 in about 3 minutes on an A100 (published)
 STEPS = ("tests", "bench", "char", "lessons")
 # seconds each step may take on the GPU; the char run's time budget is what remains of its share
-BUDGET = {"tests": 100, "bench": 110, "char": 150, "lessons": 230}
+BUDGET = {"tests": 80, "bench": 120, "char": 110, "lessons": 170}
 DRY_BUDGET = {"tests": 120, "bench": 120, "char": 120, "lessons": 300}
 
 
