@@ -98,7 +98,8 @@ def build_exercises(solution: nbformat.NotebookNode, lesson: str) -> nbformat.No
         else:
             cell.source = STORED_OUTPUTS.sub(NO_OUTPUTS, cell.source)
         cell.metadata.pop("execution", None)
-    nb.metadata["course"] = {"lesson": lesson, "kind": "exercise"}
+    grading = solution.metadata.get("course", {}).get("grading")  # a lesson's own time limits for course grade
+    nb.metadata["course"] = {"lesson": lesson, "kind": "exercise", **({"grading": grading} if grading else {})}
     return nb
 
 

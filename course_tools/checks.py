@@ -175,8 +175,9 @@ def _compare_number(got: Any, expected: int | float, atol: float, rtol: float) -
         got = got.item()
     if not isinstance(got, (int, float)) or isinstance(got, bool):
         return False, f"expected a number, got {_describe(got)}"
-    if isinstance(expected, int) and not isinstance(got, float):
-        return got == expected, f"expected {expected}, got {got}"
+    if isinstance(expected, int):  # a count: exact, also when it comes as a float (124439808.0)
+        exact = got == expected if isinstance(got, int) else got.is_integer() and int(got) == expected
+        return exact, f"expected {expected}, got {got}"
     ok = math.isclose(got, expected, rel_tol=rtol, abs_tol=atol)
     return ok, (f"value within {atol:g}" if ok else f"expected {_fmt(expected)}, got {_fmt(got)}")
 

@@ -11,8 +11,9 @@ For each submission the grader
    functions on the inputs and the outputs come back through a size- and time-limited channel;
 5. checks what came back against a fixed contract and compares it with the reference here, in
    the grader's process, so nothing the learner's code does can change the verdict.
-An exercise scores its points when every case passes, else 0. Every problem becomes the
-student's status; the gradebook is rewritten after each student.
+An exercise scores its points when every case passes, else 0; a manually graded answer (a written
+explanation) is reported with its text and its points pending. Every problem becomes the
+student's status; the gradebook is rewritten after each student, with the seed of its cases.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch
 
 from course_tools import checks
 from course_tools.grading import channel, results, submission
-from course_tools.grading.report import ExerciseScore, Gradebook, Submission, table
+from course_tools.grading.report import PENDING, ExerciseScore, Gradebook, Submission, table
 from course_tools.grading.sandbox import Caps, Sandbox, SandboxError
 from course_tools.grading.submission import SubmissionError
 from course_tools.grading.text import clean
@@ -53,6 +54,23 @@ class Limits:
     notebook_timeout: int = 600
     output_cap: int = 100_000
 
+    def for_lesson(self, nb: nbformat.NotebookNode, explicit: set[str]) -> Limits:
+        """These limits with the lesson's own where it sets them and the instructor did not: a lesson
+        whose answers need longer (one that trains a model) says so in its solutions notebook's
+        metadata, ``"course": {"grading": {"cell_timeout": 240, "notebook_timeout": 900}}``, and
+        ``course assign`` carries it into ``exercises/``."""
+        grading = nb.metadata.get("course", {}).get("grading", {})
+        own = {key: int(grading[key]) for key in ("cell_timeout", "notebook_timeout")
+               if key in grading and key not in explicit}
+        return Limits(**{**vars(self), **own})
+
+    def within(self, seconds: float | None) -> Limits:
+        """These limits cut to a share of the class's time budget (``None``: no budget)."""
+        if seconds is None:
+            return self
+        share = max(1, int(seconds))
+        return Limits(min(self.cell_timeout, share), min(self.notebook_timeout, share), self.output_cap)
+
 
 @dataclass
 class Job:
@@ -67,7 +85,7 @@ class Job:
 
 
 def prepare(base: nbformat.NotebookNode, parsed: submission.Parsed, jobdir: Path, kernel_jobdir: str,
-            seed: int | None) -> Job:
+            seed: int) -> Job:
     """Rebuild the notebook, draw the cases, write them to ``jobdir/inputs``, append the collect cells."""
     _, points = submission.exercise_cells(base)
     notebook, problems, answer_index = submission.rebuild(base, parsed, SETUP.format(jobdir=kernel_jobdir))
@@ -75,7 +93,7 @@ def prepare(base: nbformat.NotebookNode, parsed: submission.Parsed, jobdir: Path
     (jobdir / "inputs").mkdir()
     for name in points:
         ex = checks.get(name)
-        job.cases[name] = checks.draw(name, checks.fresh_seed() if seed is None else seed)
+        job.cases[name] = checks.draw(name, seed)
         torch.save([(c.args, c.kwargs) for c in job.cases[name]], jobdir / "inputs" / f"{name}.pt")
         if name not in problems:
             job.collect_index[name] = len(notebook.cells)
@@ -149,19 +167,32 @@ def score_exercise(name: str, job: Job, files: dict[str, bytes], run: dict, kill
     return score(name, max_points, job.cases[name], loaded, answer_error)
 
 
+def manual_scores(base: nbformat.NotebookNode, parsed: submission.Parsed) -> list[ExerciseScore]:
+    """The manually graded answers (nbgrader cells with ``grade`` and ``solution``: a written
+    explanation): their points pending, the student's text kept for the instructor."""
+    scores = []
+    for cell in base.cells:
+        meta = cell.get("metadata", {}).get("nbgrader") or {}
+        grade_id = meta.get("grade_id")
+        if meta.get("grade") and meta.get("solution") and grade_id:
+            text = "\n\n".join(parsed.answers.get(grade_id, []))
+            scores.append(ExerciseScore(grade_id, 0, float(meta.get("points", 0)), PENDING, answer=text))
+    return scores
+
+
 def overall_status(sub: Submission, job: Job, run_status: str) -> str:
     problems = "; ".join(f"{k}: {v}" for k, v in job.problems.items())
     if run_status != "finished":
         return f"notebook {run_status}" + (f"; {problems}" if problems else "")
     if problems:
         return f"graded with problems: {problems}"
-    if sub.exercises and all(e.status == checks.NOT_ATTEMPTED for e in sub.exercises):
+    if sub.exercises and all(e.status == checks.NOT_ATTEMPTED for e in sub.exercises if not e.pending):
         return "not attempted"
     return "graded"
 
 
 def grade_parsed(sub: Submission, parsed: submission.Parsed, base: nbformat.NotebookNode, sandbox: Sandbox,
-                 limits: Limits, seed: int | None) -> None:
+                 limits: Limits, seed: int) -> None:
     """Run one readable submission in a fresh sandbox and fill in its scores."""
     jobdir = Path(tempfile.mkdtemp(prefix="course-grade-job-"))
     try:
@@ -175,26 +206,63 @@ def grade_parsed(sub: Submission, parsed: submission.Parsed, base: nbformat.Note
     if result.killed:
         run["status"] = "timeout"
     sub.exercises = [score_exercise(name, job, result.files, run, result.killed) for name in job.points]
+    sub.exercises += manual_scores(base, parsed)
     if "references-import" in result.files or submission.names_references(parsed):
         sub.flags.append(REFERENCE_FLAG)
     sub.status = overall_status(sub, job, run["status"])
 
 
-def grade_file(path: Path, pristine: dict[str, nbformat.NotebookNode], limits: Limits, sandbox: Sandbox,
-               seed: int | None = None) -> Submission:
+@dataclass
+class Class:
+    """What every submission of one run is graded with."""
+
+    pristine: dict[str, nbformat.NotebookNode]
+    limits: Limits
+    sandbox: Sandbox
+    lesson: str | None = None  # --lesson: the class's lesson, whatever a submission claims
+    seed: int | None = None  # --seed: the same cases for everyone (default: a fresh seed per submission)
+    explicit: frozenset[str] = frozenset()  # the limits the instructor set on the command line
+
+
+def claimed_lesson(parsed: submission.Parsed, lesson: str, pristine: dict[str, nbformat.NotebookNode]) -> str | None:
+    """A warning when the submission says (in its metadata) or shows (by its answer cells) another
+    lesson than the one it is graded as, else None."""
+    if parsed.lesson is not None and parsed.lesson != lesson:
+        return f"claims lesson {clean(parsed.lesson, 60)!r}; graded as {lesson}"
+    answers = set(submission.exercise_cells(pristine[lesson])[0])
+    if parsed.answers and not set(parsed.answers) & answers:
+        return f"none of its answer cells belongs to lesson {lesson}"
+    return None
+
+
+def grade_file(path: Path, run: Class) -> Submission:
     """Grade one submission; never raises (its status says what went wrong)."""
     start = time.perf_counter()
-    sub = Submission(file=str(path), student=path.stem, sandbox=sandbox.describe())
+    seed = checks.fresh_seed() if run.seed is None else run.seed
+    sub = Submission(file=str(path), student=path.stem, sandbox=run.sandbox.describe(), seed=seed)
     try:
         parsed = submission.parse(submission.read_bytes(str(path)))
-        sub.lesson = submission.identify_lesson(parsed, pristine)
-        grade_parsed(sub, parsed, pristine[sub.lesson], sandbox, limits, seed)
+        sub.lesson = run.lesson or submission.identify_lesson(parsed, run.pristine)
+        warning = claimed_lesson(parsed, sub.lesson, run.pristine)
+        if warning:
+            sub.flags.append(warning)
+        base = run.pristine[sub.lesson]
+        grade_parsed(sub, parsed, base, run.sandbox, run.limits.for_lesson(base, run.explicit), seed)
     except SubmissionError as exc:
         sub.status = str(exc)
     except Exception as exc:  # a grader bug must cost one row, not the class's gradebook
         sub.status = f"grader error: {checks.error_line(exc)}"
     sub.seconds = time.perf_counter() - start
     return sub
+
+
+def pick_lesson(pristine: dict[str, nbformat.NotebookNode], lesson: str) -> str:
+    """The exercise notebook ``--lesson`` names: its full name (``00_setup``) or its number (``00``)."""
+    found = [name for name in pristine if name == lesson or name.split("_", 1)[0] == lesson]
+    if len(found) != 1:
+        raise FileNotFoundError(f"--lesson {lesson!r} names no exercise notebook; use one of: "
+                                + ", ".join(sorted(pristine)))
+    return found[0]
 
 
 def load_pristine(exercises_dir: Path) -> dict[str, nbformat.NotebookNode]:
@@ -226,9 +294,29 @@ def make_sandbox(args: argparse.Namespace) -> Sandbox:
     return sandbox
 
 
+def outputs(args: argparse.Namespace, target: Path) -> Gradebook:
+    """Where the results go: ``--out DIR`` holds gradebook.csv (for a folder), results.json and
+    feedback/; a folder graded without ``--out`` writes them to ``FOLDER.graded/`` beside it (never
+    to the current folder). --gradebook, --json and --feedback name other places for each."""
+    out = Path(args.out) if args.out else target.resolve().with_name(target.resolve().name + ".graded") \
+        if target.is_dir() else None
+    csv_path = Path(args.gradebook) if args.gradebook else out / "gradebook.csv" if out and target.is_dir() else None
+    json_path = Path(args.json) if args.json else out / "results.json" if out else None
+    feedback = Path(args.feedback) if args.feedback else out / "feedback" if out else None
+    return Gradebook(csv_path, json_path, feedback)
+
+
+def share(args: argparse.Namespace, count: int) -> float | None:
+    """Each submission's share of ``--class-budget`` minutes (``--jobs`` at a time), or None."""
+    if args.class_budget is None or not count:
+        return None
+    return args.class_budget * 60 * max(1, args.jobs) / count
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         pristine = load_pristine(Path(args.exercises))
+        lesson = pick_lesson(pristine, args.lesson) if args.lesson else None
         files = submissions(Path(args.submission))
         sandbox = make_sandbox(args)
     except (FileNotFoundError, SandboxError) as exc:
@@ -237,38 +325,62 @@ def main(args: argparse.Namespace) -> int:
         return 2
     print(("WARNING: " if args.no_sandbox else "") + sandbox.describe(), flush=True)
     target = Path(args.submission)
-    csv_path = Path(args.gradebook or "gradebook.csv") if target.is_dir() or args.gradebook else None
-    book = Gradebook(csv_path, Path(args.json) if args.json else None, Path(args.feedback) if args.feedback else None)
-    limits = Limits(args.cell_timeout, args.notebook_timeout, args.output_cap)
+    book = outputs(args, target)
+    explicit = frozenset(k for k in ("cell_timeout", "notebook_timeout") if getattr(args, k) is not None)
+    limits = Limits(args.cell_timeout or Limits.cell_timeout, args.notebook_timeout or Limits.notebook_timeout,
+                    args.output_cap)
+    seconds = share(args, len(files))
+    if seconds is not None:
+        print(f"class budget {args.class_budget:g} min: at most {seconds:.0f} s per submission", flush=True)
+    run = Class(pristine, limits, sandbox, lesson, args.seed, explicit)
+    if seconds is not None:
+        run.limits = limits.within(seconds)
+        run.explicit = explicit | {"cell_timeout", "notebook_timeout"}  # the budget wins over a lesson's own
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:  # each grading is its own sandbox
-        futures = [pool.submit(grade_file, path, pristine, limits, sandbox, args.seed) for path in files]
+        futures = [pool.submit(grade_file, path, run) for path in files]
         for future in as_completed(futures):
             sub = future.result()
             book.add(sub)
             print(table(sub), flush=True)
-    if csv_path:
-        print(f"gradebook: {csv_path} ({len(book.rows)} rows)")
-    if args.feedback:
-        print(f"feedback: {args.feedback}/ ({len(book.rows)} files)")
+    lessons = sorted({sub.lesson for sub in book.rows if sub.lesson})
+    if lesson is None and len(lessons) > 1:
+        print(f"WARNING: submissions of {len(lessons)} lessons ({', '.join(lessons)}), each graded against its "
+              "own; pass --lesson NN to grade a class against one", flush=True)
+    if book.csv_path:
+        print(f"gradebook: {book.csv_path} ({len(book.rows)} rows)")
+    if book.json_path:
+        print(f"results: {book.json_path}")
+    if book.feedback:
+        print(f"feedback: {book.feedback}/ ({len(book.rows)} files)")
     return 0
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("grade", help="grade a submitted exercise notebook, or a folder of them")
+    p = sub.add_parser("grade", help="grade a submitted exercise notebook, or a folder of them",
+                       allow_abbrev=False)
     p.add_argument("submission", help="a submitted .ipynb, or a folder of them (one student per file)")
     p.add_argument("--exercises", default=str(DEFAULT_EXERCISES), help="the pristine exercise notebooks")
-    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    p.add_argument("--gradebook", metavar="CSV", help="gradebook path (default gradebook.csv for a folder)")
-    p.add_argument("--feedback", metavar="DIR", nargs="?", const="feedback",
-                   help="write a Markdown report per submission into DIR (default ./feedback)")
-    p.add_argument("--cell-timeout", type=int, default=60, help="seconds per answer cell and per exercise (default 60)")
-    p.add_argument("--notebook-timeout", type=int, default=600, help="seconds per notebook (default 600)")
+    p.add_argument("--lesson", metavar="NN", help="grade every submission as this lesson (00 or 00_setup); a "
+                   "submission that claims another is flagged (default: each one's own lesson)")
+    p.add_argument("--out", metavar="DIR", help="folder for gradebook.csv, results.json and feedback/, readable by "
+                   "your group (default for a folder of submissions: FOLDER.graded beside it)")
+    p.add_argument("--json", metavar="FILE", help="results as JSON elsewhere (default DIR/results.json)")
+    p.add_argument("--gradebook", metavar="CSV", help="gradebook elsewhere (default DIR/gradebook.csv for a folder)")
+    p.add_argument("--feedback", metavar="DIR", help="a Markdown report per submission, elsewhere "
+                   "(default DIR/feedback)")
+    p.add_argument("--cell-timeout", type=int, help="seconds per answer cell and per exercise (default 60, or "
+                   "the lesson's own)")
+    p.add_argument("--notebook-timeout", type=int, help="seconds per notebook (default 600, or the lesson's own)")
+    p.add_argument("--class-budget", type=float, metavar="MINUTES",
+                   help="wall-clock minutes for the whole class: each submission gets its share (budget x jobs / "
+                   "submissions) as its cell and notebook limit")
     p.add_argument("--output-cap", type=int, default=100_000, help="characters of output kept per notebook")
     p.add_argument("--memory-mb", type=int, default=4096,
                    help="memory cap per submission as a whole (cgroup), else per process (default 4096)")
     p.add_argument("--max-processes", type=int, default=512, help="tasks (processes and threads) per submission")
     p.add_argument("--jobs", type=int, default=1, help="submissions graded at the same time (default 1)")
-    p.add_argument("--seed", type=int, help="fix the random cases (default: fresh each run)")
+    p.add_argument("--seed", type=int, help="fix the random cases, e.g. to re-grade a row with the seed the "
+                   "gradebook recorded (default: a fresh seed per submission)")
     p.add_argument("--no-sandbox", action="store_true",
                    help="grade without isolation (only for your own trusted notebooks; marked in the gradebook)")
     p.set_defaults(func=main)

@@ -1,7 +1,9 @@
 """One device policy: ``runtime.device()`` decides (CUDA, then MPS, then the CPU) and every caller
 follows it: the lessons, the trainer and ``course sample``. CUDA and MPS are mocked."""
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,15 +24,45 @@ class StaysOnCPU(GPT):
         return self
 
 
+@contextlib.contextmanager
+def tf32_restored() -> Iterator[None]:
+    """``set_up`` turns TF32 on for CUDA: start each test with it off and put back what was there.
+    These flags are properties of torch's backend objects, not attributes in their ``__dict__``, so
+    ``monkeypatch.setattr`` cannot undo them (pytest >= 9.2 deletes the attribute it thinks it added);
+    plain reads and writes through the public flags work on every torch version."""
+    flags = [(torch.backends.cuda.matmul, "allow_tf32"), (torch.backends.cudnn, "allow_tf32")]
+    before = [getattr(obj, name) for obj, name in flags]
+    try:
+        for obj, name in flags:
+            setattr(obj, name, False)
+        yield
+    finally:
+        for (obj, name), value in zip(flags, before, strict=True):
+            setattr(obj, name, value)
+
+
 @pytest.fixture(params=["cuda", "mps", "cpu"])
-def hardware(request, monkeypatch) -> torch.device:
+def hardware(request, monkeypatch) -> Iterator[torch.device]:
+    # plain module functions: monkeypatch restores them from the modules' __dict__
     monkeypatch.setattr(torch.cuda, "is_available", lambda: request.param == "cuda")
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: request.param == "mps")
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # set_up turns it on for CUDA
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
     monkeypatch.delenv("RANK", raising=False)
-    return torch.device(request.param)
+    with tf32_restored():
+        yield torch.device(request.param)
+
+
+def test_the_fixture_leaves_torch_as_it_found_it():
+    """What leaked into tests/test_train.py before: after the CUDA case, the CPU is the CPU again."""
+    before = (torch.cuda.is_available, torch.backends.mps.is_available, torch.backends.cuda.matmul.allow_tf32,
+              torch.backends.cudnn.allow_tf32)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.cuda, "is_available", lambda: True)
+        with tf32_restored():
+            torch.backends.cuda.matmul.allow_tf32 = True
+    after = (torch.cuda.is_available, torch.backends.mps.is_available, torch.backends.cuda.matmul.allow_tf32,
+             torch.backends.cudnn.allow_tf32)
+    assert after == before
 
 
 def test_runtime_prefers_cuda_then_mps_then_cpu(hardware):

@@ -15,6 +15,7 @@ import torch
 
 from course_tools.cli import main
 from course_tools.grading import submission as reading
+from course_tools.grading.report import PENDING
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSON = "00_setup"
@@ -23,6 +24,9 @@ EXERCISE = nbformat.read(ROOT / "exercises" / f"{LESSON}.ipynb", as_version=4)
 FUNCTIONS = {"flatten_tokens": 1, "mean_over_time": 1, "pairwise_dots": 2}  # the fixtures' exercises
 POINTS = reading.exercise_cells(EXERCISE)[1]  # every scored item: the functions, the questions, the experiment
 FULL = int(sum(POINTS.values()))
+MANUAL = {c.metadata["nbgrader"]["grade_id"]: c.metadata["nbgrader"]["points"] for c in EXERCISE.cells
+          if c.metadata.get("nbgrader", {}).get("grade") and c.metadata["nbgrader"].get("solution")}
+MAX = FULL + sum(MANUAL.values())  # nbgrader's maximum: the written explanation counts too
 
 
 def answer_index(nb, grade_id):
@@ -142,14 +146,14 @@ def statuses(row):
 
 def test_solutions_get_full_marks(graded):
     row = graded["rows"]["full"]
-    assert (row["total"], row["max"], row["lesson"]) == (FULL, FULL, LESSON)
-    assert {e["status"] for e in row["exercises"]} == {"pass"}
+    assert (row["total"], row["max"], row["pending"], row["lesson"]) == (FULL, MAX, MAX - FULL, LESSON)
+    assert {e["status"] for e in row["exercises"]} == {"pass", PENDING}
 
 
 def test_fresh_exercises_get_zero_not_attempted(graded):
     row = graded["rows"]["fresh"]
-    assert (row["total"], row["max"], row["status"]) == (0, FULL, "not attempted")
-    assert {e["status"] for e in row["exercises"]} == {"not attempted"}
+    assert (row["total"], row["max"], row["status"]) == (0, MAX, "not attempted")
+    assert {e["status"] for e in row["exercises"]} == {"not attempted", PENDING}
 
 
 def test_half_done_gets_partial_marks(graded):
@@ -190,7 +194,7 @@ def test_memory_hungry_answer_loses_only_its_points(graded):
 
 def test_tampered_check_cells_change_nothing(graded):
     row = graded["rows"]["tamper"]
-    assert (row["total"], row["max"]) == (0, FULL)
+    assert (row["total"], row["max"]) == (0, MAX)
     assert statuses(row)["flatten_tokens"] == "fail"
 
 
@@ -232,13 +236,16 @@ def test_bad_files_get_a_row_with_a_clear_status(graded, name, status):
 def test_gradebook_has_one_row_per_submission(graded):
     book = pd.read_csv(graded["out"] / "gradebook.csv")
     assert len(book) == len(SUBMISSIONS) + len(BAD_FILES)
-    assert list(book.columns) == ["student", "file", "lesson", *POINTS, "total", "max", "status", "flags", "sandbox"]
-    assert book.set_index("student").loc["full", "total"] == FULL
+    assert list(book.columns) == ["student", "file", "lesson", *POINTS, *MANUAL, "total", "max", "pending", "status",
+                                  "flags", "seed", "sandbox"]
+    full = book.set_index("student").loc["full"]
+    assert (full["total"], full["max"], full["pending"]) == (FULL, MAX, MAX - FULL)
+    assert {full[name] for name in MANUAL} == {"pending"}
 
 
 def test_feedback_names_the_failing_case(graded):
     text = (graded["out"] / "feedback" / "tamper.feedback.md").read_text()
-    assert "flatten_tokens: 0 / 1 (fail)" in text and "max error" in text and "(B=2, T=3, D=4)" in text
+    assert r"## flatten\_tokens: 0 / 1 (fail)" in text and "max error" in text and "(B=2, T=3, D=4)" in text
 
 
 def test_grader_fails_only_when_it_cannot_run(tmp_path):

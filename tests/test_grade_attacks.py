@@ -50,9 +50,12 @@ def answers(**sources):
 
 def reporter(name, body):
     """An answer whose function raises with what ``body`` (code that sets ``seen``) observed;
-    the message comes back as the exercise's status, which is how an attack would leak data."""
-    indented = "\n".join("    " + line for line in body.strip().splitlines())
-    return f"def {name}(*args):\n{indented}\n    raise RuntimeError('seen ' + str(seen))\n"
+    the message comes back as the exercise's status, which is how an attack would leak data.
+    ``body`` runs once, on the first case (the other cases repeat its answer), so the work an
+    attack does, and with it the time it needs under a busy machine, does not grow with the cases."""
+    indented = "\n".join("        " + line for line in body.strip().splitlines())
+    return (f"_seen_{name} = []\n\n\ndef {name}(*args):\n    if not _seen_{name}:\n{indented}\n"
+            f"        _seen_{name}.append(seen)\n    raise RuntimeError('seen ' + str(_seen_{name}[0]))\n")
 
 
 PROCESSES = reporter("flatten_tokens", """

@@ -11,9 +11,8 @@ from course_utils.gpt import GPT, GPTConfig
 CPU, CUDA, MPS = torch.device("cpu"), torch.device("cuda"), torch.device("mps")
 
 
-def test_break_even_follows_from_the_measured_cost_and_speed_up():
-    assert T.CPU_COMPILE_BREAK_EVEN == pytest.approx(T.COMPILE_SECONDS * T.COMPILE_SPEEDUP / (T.COMPILE_SPEEDUP - 1))
-    assert T.CPU_COMPILE_BREAK_EVEN > 110  # the README's 110-second CPU run stays eager
+def test_the_readmes_110_second_cpu_run_stays_eager():
+    assert T.CPU_COMPILE_BREAK_EVEN > 110
 
 
 @pytest.mark.parametrize(("compile_", "budget", "device", "expected"), [

@@ -12,7 +12,11 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from course_tools.grading.text import clean, csv_cell, file_stem
+from course_tools.grading.text import clean, code_block, csv_cell, file_name, markdown_text, redact
+
+PENDING = "pending: graded by hand"  # the status of a manually graded answer (nbgrader's written answers)
+FILE_MODE = 0o640  # the gradebook and feedback: the instructor writes, the instructor's group reads
+DIR_MODE = 0o750
 
 
 @dataclass
@@ -20,8 +24,13 @@ class ExerciseScore:
     name: str
     points: float
     max_points: float
-    status: str  # pass | fail | not attempted | error: ... | timeout | missing answer cell
+    status: str  # pass | fail | not attempted | error: ... | timeout | missing answer cell | PENDING
     lines: list[str] = field(default_factory=list)
+    answer: str = ""  # a manually graded answer's text, for the instructor who grades it
+
+    @property
+    def pending(self) -> bool:
+        return self.status == PENDING
 
 
 @dataclass
@@ -34,6 +43,7 @@ class Submission:
     flags: list[str] = field(default_factory=list)
     sandbox: str = ""
     seconds: float = 0.0
+    seed: int | None = None  # the cases' seed: `course grade FILE --seed SEED` draws the same cases again
 
     @property
     def total(self) -> float:
@@ -41,22 +51,36 @@ class Submission:
 
     @property
     def max_points(self) -> float:
+        """Every point of the lesson, the hand-graded ones included (nbgrader's maximum)."""
         return sum(e.max_points for e in self.exercises)
 
+    @property
+    def pending(self) -> float:
+        return sum(e.max_points for e in self.exercises if e.pending)
+
     def record(self) -> dict:
-        """The row as plain data, every text cleaned of control characters."""
-        row = asdict(self) | {"total": self.total, "max": self.max_points}
+        """The row as plain data, every text cleaned of control, format and separator characters."""
+        row = asdict(self) | {"total": self.total, "max": self.max_points, "pending": self.pending}
         return json.loads(json.dumps(row), object_hook=_clean_strings)
+
+
+def _clean_one(key: str, value: str) -> str:
+    return clean(value, 5000, lines=True) if key == "answer" else clean(value, 2000)
 
 
 def _clean_strings(obj: dict) -> dict:
     return {key: ([clean(v, 2000) for v in value] if isinstance(value, list) and all(isinstance(v, str) for v in value)
-                  else clean(value, 2000) if isinstance(value, str) else value) for key, value in obj.items()}
+                  else _clean_one(key, value) if isinstance(value, str) else value) for key, value in obj.items()}
+
+
+def _points(sub: Submission) -> str:
+    pending = f", {sub.pending:g} pending hand grading" if sub.pending else ""
+    return f"{sub.total:g}/{sub.max_points:g} points{pending}"
 
 
 def table(sub: Submission) -> str:
     lines = [f"{clean(sub.student, 80)} ({clean(sub.file, 200)}) lesson {clean(sub.lesson, 40) or '?'}: "
-             f"{sub.total:g}/{sub.max_points:g} points, {clean(sub.status)}"]
+             f"{_points(sub)}, {clean(sub.status)}" + (f" (seed {sub.seed})" if sub.seed is not None else "")]
     lines += [f"  flagged: {clean(flag)}" for flag in sub.flags]
     for e in sub.exercises:
         lines.append(f"  {clean(e.name, 28):<28} {e.points:>5g}/{e.max_points:<5g} {clean(e.status)}")
@@ -64,20 +88,33 @@ def table(sub: Submission) -> str:
 
 
 def feedback_markdown(sub: Submission) -> str:
-    lines = [f"# Feedback: {clean(sub.student, 80)}", "", f"Lesson {clean(sub.lesson, 40) or 'unknown'} — "
-             f"**{sub.total:g} / {sub.max_points:g} points** ({clean(sub.status)}).", ""]
-    lines += [f"Flagged: {clean(flag)}" for flag in sub.flags] + ([""] if sub.flags else [])
+    """The student's report. Everything in it that the submission could influence (its file name,
+    exception messages, answers) is escaped, so it renders as the text it is, and redacted, so it
+    names nothing of the grading machine (folders, the account, the sandbox's command line)."""
+
+    def text(value: object, limit: int = 500) -> str:
+        return markdown_text(redact(clean(value, 4 * limit)), limit)
+
+    pending = f", {sub.pending:g} more to be graded by hand" if sub.pending else ""
+    lines = [f"# Feedback: {text(sub.student, 80)}", "", f"Lesson {text(sub.lesson, 40) or 'unknown'}: "
+             f"{sub.total:g} of {sub.max_points:g} points{pending} ({text(sub.status)}).", ""]
+    lines += [f"Flagged: {text(flag)}" for flag in sub.flags] + ([""] if sub.flags else [])
     for e in sub.exercises:
-        lines += [f"## {clean(e.name, 80)}: {e.points:g} / {e.max_points:g} ({clean(e.status)})", "", "```"]
-        lines += [clean(line.strip(), 1000).replace("```", "'''") for line in e.lines] or ["(no cases)"]
-        lines += ["```", ""]
+        lines += [f"## {text(e.name, 80)}: {'pending' if e.pending else f'{e.points:g}'} / {e.max_points:g} "
+                  f"({text(e.status)})", ""]
+        body = e.answer.splitlines() if e.pending else e.lines
+        lines += code_block([redact(line.strip() if not e.pending else line) for line in body]) + [""]
+    if sub.seed is not None:
+        lines += [f"Cases drawn with seed {sub.seed}.", ""]
     return "\n".join(lines)
 
 
 def atomic_write(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` in one step: readers see the old file or the new, never half."""
+    """Replace ``path`` with ``text`` in one step: readers see the old file or the new, never half.
+    The file is readable by the owner's group (``FILE_MODE``), not only by the owner."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
             f.flush()
@@ -94,13 +131,14 @@ def gradebook_csv(subs: list[Submission]) -> str:
         names += [e.name for e in sub.exercises if e.name not in names]
     out = io.StringIO()
     writer = csv.writer(out)
-    writer.writerow([csv_cell(c) for c in ["student", "file", "lesson", *names, "total", "max", "status", "flags",
-                                           "sandbox"]])
+    writer.writerow([csv_cell(c) for c in ["student", "file", "lesson", *names, "total", "max", "pending", "status",
+                                           "flags", "seed", "sandbox"]])
     for sub in subs:
-        points = {e.name: f"{e.points:g}" for e in sub.exercises}
+        points = {e.name: "pending" if e.pending else f"{e.points:g}" for e in sub.exercises}
         writer.writerow([csv_cell(c) for c in [sub.student, sub.file, sub.lesson, *(points.get(n, "") for n in names),
-                                               f"{sub.total:g}", f"{sub.max_points:g}", sub.status,
-                                               "; ".join(sub.flags), sub.sandbox]])
+                                               f"{sub.total:g}", f"{sub.max_points:g}", f"{sub.pending:g}",
+                                               sub.status, "; ".join(sub.flags),
+                                               "" if sub.seed is None else sub.seed, sub.sandbox]])
     return out.getvalue()
 
 
@@ -110,9 +148,10 @@ class Gradebook:
     def __init__(self, csv_path: Path | None, json_path: Path | None, feedback: Path | None = None) -> None:
         self.csv_path, self.json_path, self.feedback = csv_path, json_path, feedback
         self.rows: list[Submission] = []
-        self.feedback_names: set[str] = set()
-        if feedback:
-            feedback.mkdir(parents=True, exist_ok=True)
+        self.feedback_names: dict[str, str] = {}  # file stem -> the student it belongs to
+        for folder in (csv_path.parent if csv_path else None, json_path.parent if json_path else None, feedback):
+            if folder is not None:
+                folder.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
 
     def add(self, sub: Submission) -> None:
         self.rows.append(sub)
@@ -125,11 +164,14 @@ class Gradebook:
             atomic_write(self.feedback / f"{self._feedback_name(sub)}.feedback.md", feedback_markdown(sub))
 
     def _feedback_name(self, sub: Submission) -> str:
-        """A file name from the student's name, unique in this run."""
-        stem = file_stem(sub.student)
+        """The file stem of a student's feedback: an encoding of the name that no other name has
+        (``text.file_name``), so no submission can take another's file, whatever order they finish
+        in. The same name graded twice in one run (two files from different folders) gets ``~2``,
+        which no encoded name contains."""
+        stem = file_name(sub.student)
         name, n = stem, 1
-        while name in self.feedback_names:
+        while self.feedback_names.get(name, sub.file) != sub.file:
             n += 1
-            name = f"{stem}-{n}"
-        self.feedback_names.add(name)
+            name = f"{stem}~{n}"
+        self.feedback_names[name] = sub.file
         return name
