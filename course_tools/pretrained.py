@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from course_utils import data, gpt, pretrained, train
+from course_utils import counting, data, pretrained, train
 
 NAME = "shakespeare_char_small"
 TRAIN_ARGS = ["--data", "shakespeare", "--config", NAME, "--threads", "1", "--quiet"]
@@ -53,7 +53,7 @@ def export(checkpoint: Path, name: str = NAME, folder: Path = pretrained.FOLDER)
         "command": "course train " + " ".join(a for a in TRAIN_ARGS if a != "--quiet"),
         "rebuild": "python -m course_tools.pretrained",
         "corpus_sha256": data.CORPUS_SHA256,
-        "parameters": gpt.count_params(model.config),
+        "parameters": counting.count_params(model.config),
         "model_config": ckpt["model_config"],
         "train_config": ckpt["train_config"],
         "steps": ckpt["step"],

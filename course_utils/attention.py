@@ -1,4 +1,8 @@
-"""Scaled dot-product attention, masks, one attention head and multi-head attention.
+"""Scaled dot-product attention, masks, one attention head, multi-head attention and the KV cache.
+
+Attention is computed on one of two paths that give the same numbers (``attend``): the explicit
+softmax(q kᵀ/√d_k) v of lesson 02 (``scaled_dot_product_attention``, which also returns the
+weights) or PyTorch's fused ``F.scaled_dot_product_attention`` (fast, no weights kept).
 
 Shapes: B batch, H heads, T queries, S keys/values, D = d_model, d_k / d_v per-head widths.
 Masks are boolean with True = may attend (as in ``torch.nn.functional.scaled_dot_product_attention``)
@@ -14,12 +18,9 @@ from typing import Protocol
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from torch import nn
 
 from course_utils.positional import alibi_bias, apply_rope
-
-IMPLS = ("loop", "batched", "fused")
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -122,17 +123,20 @@ def scaled_dot_product_attention(
 
 
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """(B, T, H·d) -> (B, H, T, d): the columns of each head become their own slice."""
+    """(B, T, H·d) -> (B, H, T, d): the columns of each head become their own slice.
+
+    The einops pattern ``"b t (h d) -> b h t d"``, written with a reshape and a transpose.
+    """
     if x.shape[-1] % n_heads:
         raise ValueError(f"last dim {x.shape[-1]} is not divisible by n_heads={n_heads}")
-    return rearrange(x, "... t (h d) -> ... h t d", h=n_heads)
+    return x.unflatten(-1, (n_heads, -1)).transpose(-3, -2)
 
 
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
     """(B, H, T, d) -> (B, T, H·d): concatenate the heads' outputs side by side (the inverse of split)."""
     if x.ndim < 3:
         raise ValueError(f"merge_heads expects (..., H, T, d), got shape {tuple(x.shape)}")
-    return rearrange(x, "... h t d -> ... t (h d)")
+    return x.transpose(-3, -2).flatten(-2)
 
 
 def _check_input(x: torch.Tensor, d_model: int) -> None:
@@ -188,6 +192,13 @@ class KVCache:
             self.k, self.v = torch.cat([self.k, k], dim=-2), torch.cat([self.v, v], dim=-2)
         return self.k, self.v
 
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep the batch rows ``rows`` (B_new,) in that order, e.g. the parents of the beams that survive
+        a step of beam search; a row may be kept twice."""
+        if self.k is None:
+            raise ValueError("the cache is empty; select rows after the first update")
+        self.k, self.v = self.k[rows], self.v[rows]
+
 
 class ModelKVCache:
     """One ``KVCache`` per block of a model; ``len(cache)`` is the number of positions already processed.
@@ -208,31 +219,64 @@ class ModelKVCache:
         return self.layers[i]
 
 
-def _check_impl(impl: str, need_weights: bool, kv_cache: Cache | None) -> None:
-    if impl not in IMPLS:
-        raise ValueError(f"impl={impl!r} is unknown; use one of {', '.join(IMPLS)}")
-    if impl == "fused" and need_weights:
-        raise ValueError("the fused kernel does not return attention weights; use impl='batched'")
-    if impl == "loop" and kv_cache is not None:
-        raise ValueError("impl='loop' recomputes every head from x and takes no kv_cache; "
-                         "use impl='batched' or 'fused'")
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+           causal: bool = False, *, dropout_p: float = 0.0, sdpa: bool = True) -> torch.Tensor:
+    """softmax(q kᵀ/√d_k + mask) v -> (..., T, d_v), by one of two paths that give the same numbers:
+    PyTorch's ``F.scaled_dot_product_attention`` (``sdpa=True``: one fused kernel, no weights kept)
+    or ``scaled_dot_product_attention`` above (the softmax written out, as lesson 02 derives it).
+
+    The masks follow ``scaled_dot_product_attention``: bool (True = may attend) or additive floats,
+    and ``causal`` aligned bottom-right.
+    """
+    if not sdpa:
+        return scaled_dot_product_attention(q, k, v, mask, causal, dropout_p=dropout_p)[0]
+    T, S = q.shape[-2], k.shape[-2]
+    if causal and mask is None and T == S:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+    mask = _combine(mask, causal, T, S, q.device, q.dtype)
+    if mask is not None and mask.is_floating_point():
+        mask = mask.to(q.dtype)  # PyTorch's kernel wants a float mask in the dtype of q
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+
+
+def repeat_kv(x: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Grouped-query attention: (B, H_kv, S, d) -> (B, H_kv·group_size, S, d), each key/value head
+    repeated for the ``group_size`` query heads that read it (query head i reads head i // group_size)."""
+    return x if group_size == 1 else x.repeat_interleave(group_size, dim=-3)
+
+
+def with_alibi(mask: torch.Tensor | None, n_heads: int, T: int, S: int, dtype: torch.dtype,
+               device: torch.device) -> torch.Tensor:
+    """A mask plus ALiBi's distance bias (1, H, T, S) (lesson 05): a bool mask becomes 0 / −inf first."""
+    bias = alibi_bias(n_heads, T, S).to(device=device, dtype=dtype)[None]
+    if mask is None:
+        return bias
+    if mask.dtype == torch.bool:
+        return torch.where(mask, bias, float("-inf"))
+    return mask.to(dtype) + bias
+
+
+def rotate_qk(q: torch.Tensor, k: torch.Tensor, offset: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE (lesson 09) on q (B, H, T, d) and k (B, H_kv, T, d) at positions offset .. offset + T − 1."""
+    positions = torch.arange(offset, offset + q.shape[-2], device=q.device)
+    return apply_rope(q, positions, base), apply_rope(k, positions, base)
 
 
 class MultiHeadAttention(nn.Module):
     """m heads, each with its own slice W_Q^i, W_K^i, W_V^i of W_Q, W_K, W_V; concat(H_1..H_m) W_O.
 
     W_Q: D -> H·d_k, W_K: D -> H_kv·d_k, W_V: D -> H_kv·d_v, W_O: H·d_v -> D; d_k = d_v = D / H
-    unless given. ``n_kv_heads`` H_kv < H is grouped-query attention (1 is multi-query): query head
-    i reads key/value head i // (H / H_kv), so a KV cache stores only H_kv heads.
-    ``rope_base`` rotates q and k by their positions (RoPE); ``alibi`` adds ALiBi's distance bias.
-    The three ``impl`` paths compute the same function with the same parameters:
-    ``"loop"`` one head at a time (the lecture notes), ``"batched"`` all heads in one matmul,
-    ``"fused"`` PyTorch's fused kernel (fastest, returns no weights).
+    unless given. All heads are computed at once: ``split_heads`` turns (B, T, H·d) into
+    (B, H, T, d) and one batched product does every head (lesson 03 shows it equals the loop over
+    heads). Later lessons add one line each: a KV cache (07), ALiBi's bias (``alibi``, 05), RoPE
+    (``rope_base``, 09) and grouped-query attention (``n_kv_heads`` H_kv < H, 09: query head i reads
+    key/value head i // (H / H_kv), so a cache stores only H_kv heads). ``sdpa`` picks the path of
+    ``attend``; asking for the weights always takes the explicit one.
     """
 
     def __init__(self, d_model: int, n_heads: int, d_k: int | None = None, d_v: int | None = None,
                  bias: bool = True, dropout: float = 0.0, n_kv_heads: int | None = None,
-                 rope_base: float | None = None, alibi: bool = False) -> None:
+                 rope_base: float | None = None, alibi: bool = False, sdpa: bool = True) -> None:
         super().__init__()
         if n_heads < 1:
             raise ValueError(f"n_heads must be at least 1, got {n_heads}")
@@ -248,8 +292,7 @@ class MultiHeadAttention(nn.Module):
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.d_k = d_k or d_model // n_heads
         self.d_v = d_v or d_model // n_heads
-        self.dropout = dropout
-        self.rope_base, self.alibi = rope_base, alibi
+        self.dropout, self.rope_base, self.alibi, self.sdpa = dropout, rope_base, alibi, sdpa
         self.W_Q = nn.Linear(d_model, n_heads * self.d_k, bias=bias)
         self.W_K = nn.Linear(d_model, n_kv_heads * self.d_k, bias=bias)
         self.W_V = nn.Linear(d_model, n_kv_heads * self.d_v, bias=bias)
@@ -260,138 +303,32 @@ class MultiHeadAttention(nn.Module):
         """Query heads per key/value head: 1 for multi-head, n_heads for multi-query attention."""
         return self.n_heads // self.n_kv_heads
 
-    def head_projections(self, x: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q_i (B, T, d_k), k_i (B, T, d_k), v_i (B, T, d_v) of head i: its rows of W_Q, and the rows
-        of W_K, W_V of the key/value head it shares (i // group_size); RoPE applied if on."""
-        if not 0 <= i < self.n_heads:
-            raise IndexError(f"head index {i} out of range for n_heads={self.n_heads}")
-
-        def project(layer: nn.Linear, width: int, j: int) -> torch.Tensor:
-            rows = slice(j * width, (j + 1) * width)
-            bias = None if layer.bias is None else layer.bias[rows]
-            return F.linear(x, layer.weight[rows], bias)
-
-        j = i // self.group_size
-        q, k = self._rotate(project(self.W_Q, self.d_k, i), project(self.W_K, self.d_k, j), offset=0)
-        return q, k, project(self.W_V, self.d_v, j)
-
-    def _rotate(self, q: torch.Tensor, k: torch.Tensor, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """RoPE on q (..., T, d_k) and k (..., T, d_k) at positions offset .. offset + T − 1 (if on)."""
-        if self.rope_base is None:
-            return q, k
-        positions = torch.arange(offset, offset + q.shape[-2], device=q.device)
-        return apply_rope(q, positions, self.rope_base), apply_rope(k, positions, self.rope_base)
-
-    def _with_alibi(self, mask: torch.Tensor | None, T: int, S: int, device: torch.device,
-                    dtype: torch.dtype) -> torch.Tensor | None:
-        """The user's mask plus ALiBi's bias (1, H, T, S) when on; a bool mask becomes 0 / −inf first."""
-        if not self.alibi:
-            return mask
-        bias = alibi_bias(self.n_heads, T, S).to(device=device, dtype=dtype)[None]  # (1, H, T, S)
-        if mask is None:
-            return bias
-        if mask.dtype == torch.bool:
-            return torch.where(mask, bias, float("-inf"))
-        return mask.to(dtype) + bias
-
-    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q (B, H, T, d_k), k (B, H_kv, T, d_k), v (B, H_kv, T, d_v) from one matmul with W_Q, W_K, W_V
-        stacked row-wise: the same numbers as ``split_heads(W_Q(x))`` etc. in a third of the calls."""
-        layers = (self.W_Q, self.W_K, self.W_V)
-        weight = torch.cat([layer.weight for layer in layers])
-        bias = None if self.W_Q.bias is None else torch.cat([layer.bias for layer in layers])
-        B, T = x.shape[:2]
-        qkv = F.linear(x, weight, bias).split([layer.out_features for layer in layers], dim=-1)
-        widths = (self.d_k, self.d_k, self.d_v)
-        q, k, v = (t.view(B, T, -1, d).transpose(1, 2) for t, d in zip(qkv, widths, strict=True))
-        return q, k, v
-
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False,
-                need_weights: bool = False, impl: str = "batched",
+                need_weights: bool = False,
                 kv_cache: Cache | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x (B, T, D) -> out (B, T, D), or (out, weights (B, H, T, S)) with ``need_weights``.
 
         ``mask`` broadcasts to (B, H, T, S); a 3-D mask is read as (B, T, S) and shared by the heads.
         With ``kv_cache`` the new keys/values are appended to the cache and the T new queries attend
-        to all S cached positions (a causal mask stays aligned bottom-right). ``impl`` picks one of
-        ``_forward_loop``, ``_forward_batched``, ``_forward_fused``.
+        to all S cached positions (a causal mask stays aligned bottom-right).
         """
-        _check_impl(impl, need_weights, kv_cache)
         _check_input(x, self.d_model)
-        if mask is not None and mask.ndim == 3:
-            mask = mask[:, None]  # (B, T, S) -> (B, 1, T, S): one mask for every head
-        p = self.dropout if self.training else 0.0
-        if impl == "fused":
-            return self._forward_fused(x, mask, causal, p, kv_cache)
-        if impl == "loop":
-            out, weights = self._forward_loop(x, mask, causal, p)
-        else:
-            out, weights = self._forward_batched(x, mask, causal, p, kv_cache)
-        return (out, weights) if need_weights else out
-
-    def _forward_loop(self, x: torch.Tensor, mask: torch.Tensor | None, causal: bool,
-                      p: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """One head at a time, as the lecture notes do it: concat(H_1..H_m) W_O, weights (B, H, T, T)."""
-        B, T = x.shape[:2]
-        if mask is not None:
-            _check_mask(mask, torch.Size((B, self.n_heads, T, T)))
-        mask = self._with_alibi(mask, T, T, x.device, x.dtype)
-        heads, weights = [], []
-        for i in range(self.n_heads):
-            mask_i = mask[:, min(i, mask.shape[1] - 1)] if mask is not None and mask.ndim == 4 else mask
-            h_i, w_i = scaled_dot_product_attention(*self.head_projections(x, i), mask_i, causal,
-                                                    dropout_p=p)  # (B, T, d_v), (B, T, T)
-            heads.append(h_i)
-            weights.append(w_i)
-        out = self.W_O(torch.cat(heads, dim=-1))  # concat(H_1..H_m) (B, T, H·d_v) @ W_O
-        return out, torch.stack(weights, dim=1)
-
-    def _project(self, x: torch.Tensor, kv_cache: Cache | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """All heads at once: q (B, H, T, d_k), and k, v (B, H, S, d) including any cached positions.
-
-        The cache receives the H_kv key/value heads (after RoPE); each is then repeated for the
-        group_size query heads that read it.
-        """
-        q = split_heads(self.W_Q(x), self.n_heads)
+        q = split_heads(self.W_Q(x), self.n_heads)     # (B, H, T, d_k)
         k = split_heads(self.W_K(x), self.n_kv_heads)  # (B, H_kv, T, d_k)
-        v = split_heads(self.W_V(x), self.n_kv_heads)
-        return self._prepare(q, k, v, kv_cache)
-
-    def _prepare(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 kv_cache: Cache | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """RoPE on the new q and k (if on), the H_kv new key/value heads into the cache, then every
-        key/value head repeated for its group of query heads: q (B, H, T, d), k and v (B, H, S, d)."""
-        q, k = self._rotate(q, k, offset=0 if kv_cache is None else len(kv_cache))
+        v = split_heads(self.W_V(x), self.n_kv_heads)  # (B, H_kv, T, d_v)
+        if self.rope_base is not None:
+            q, k = rotate_qk(q, k, 0 if kv_cache is None else len(kv_cache), self.rope_base)
         if kv_cache is not None:
-            k, v = kv_cache.update(k, v)  # (B, H_kv, S, d)
-        if self.group_size > 1:
-            k, v = k.repeat_interleave(self.group_size, dim=1), v.repeat_interleave(self.group_size, dim=1)
-        return q, k, v
-
-    def _forward_batched(self, x: torch.Tensor, mask: torch.Tensor | None, causal: bool, p: float,
-                         kv_cache: Cache | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every head in one batched matmul: (out (B, T, D), weights (B, H, T, S))."""
-        q, k, v = self._project(x, kv_cache)
-        if mask is not None:
-            _check_mask(mask, torch.Size((*q.shape[:-2], q.shape[-2], k.shape[-2])))
-        mask = self._with_alibi(mask, q.shape[-2], k.shape[-2], x.device, q.dtype)
-        h, weights = scaled_dot_product_attention(q, k, v, mask, causal, dropout_p=p)
-        return self.W_O(merge_heads(h)), weights
-
-    def _forward_fused(self, x: torch.Tensor, mask: torch.Tensor | None, causal: bool, p: float,
-                       kv_cache: Cache | None) -> torch.Tensor:
-        """PyTorch's fused kernel (flash / memory-efficient where available): out (B, T, D), no weights.
-        The fast path: one Q/K/V matmul (``project_qkv``) and reshapes without einops."""
-        q, k, v = self._prepare(*self.project_qkv(x), kv_cache)  # (B, H, T, d), (B, H, S, d) twice
+            k, v = kv_cache.update(k, v)  # (B, H_kv, S, d): the earlier tokens' keys and values too
+        k, v = repeat_kv(k, self.group_size), repeat_kv(v, self.group_size)
         T, S = q.shape[-2], k.shape[-2]
         if mask is not None:
-            _check_mask(mask, torch.Size((*q.shape[:-2], T, S)))
-        mask = self._with_alibi(mask, T, S, x.device, q.dtype)
-        if causal and mask is None and T == S:
-            h = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-        else:
-            full = _combine(mask, causal, T, S, x.device, q.dtype)
-            if full is not None and full.is_floating_point():
-                full = full.to(q.dtype)  # PyTorch's kernel wants a float mask in the dtype of q
-            h = F.scaled_dot_product_attention(q, k, v, attn_mask=full, dropout_p=p)
-        return self.W_O(h.transpose(1, 2).flatten(2))  # merge_heads (B, T, H·d_v)
+            mask = mask[:, None] if mask.ndim == 3 else mask  # (B, T, S) -> (B, 1, T, S): every head
+            _check_mask(mask, torch.Size((x.shape[0], self.n_heads, T, S)))
+        if self.alibi:
+            mask = with_alibi(mask, self.n_heads, T, S, q.dtype, x.device)
+        p = self.dropout if self.training else 0.0
+        if need_weights:
+            h, weights = scaled_dot_product_attention(q, k, v, mask, causal, dropout_p=p)
+            return self.W_O(merge_heads(h)), weights
+        return self.W_O(merge_heads(attend(q, k, v, mask, causal, dropout_p=p, sdpa=self.sdpa)))

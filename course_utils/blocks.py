@@ -13,29 +13,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from course_utils.attention import MultiHeadAttention
-
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
-NORMS = ("layernorm", "rmsnorm", "none")
+from course_utils.config import ACTIVATIONS, NORMS
 
 
 def _check_activation(activation: str) -> None:
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation={activation!r} is not known; use one of {', '.join(ACTIVATIONS)}")
-
-
-def feedforward_parameter_count(d_model: int, d_ff: int | None = None, activation: str = "gelu",
-                                bias: bool = True) -> int:
-    """Trainable parameters of ``FeedForward(d_model, d_ff, activation, bias)`` by formula.
-
-    ReLU/GELU: two matrices, 2·D·F (+ F + D biases). SwiGLU: three matrices, 3·D·F (+ 2F + D).
-    With F = 4D and biases that is 8D² + 5D, the MLP's share of a GPT-2 block.
-    """
-    _check_activation(activation)
-    d_ff = 4 * d_model if d_ff is None else d_ff
-    n_in = 2 if activation == "swiglu" else 1  # SwiGLU has a gate matrix next to W_in
-    weights = (n_in + 1) * d_model * d_ff
-    biases = (n_in * d_ff + d_model) if bias else 0
-    return weights + biases
 
 
 class FeedForward(nn.Module):
@@ -101,6 +84,8 @@ class LayerNorm(nn.Module):
     """LN(x)_i = γ_i (x_i − μ) / √(σ² + ε) + β_i, with μ and σ² taken over each token's D features.
 
     σ² is the biased variance (divide by D), as in ``torch.nn.LayerNorm``; ε sits inside the root.
+    ``forward`` calls PyTorch's one-kernel ``F.layer_norm``, which computes ``layer_norm`` above
+    (lesson 04 checks that they agree) in one operation instead of about eight.
     """
 
     def __init__(self, d: int, eps: float = 1e-5) -> None:
@@ -114,11 +99,6 @@ class LayerNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(..., D) -> (..., D): every token standardised, then scaled by γ and shifted by β."""
         _check_last_dim("LayerNorm", x, self.d)
-        return layer_norm(x, self.gamma, self.beta, self.eps)
-
-    def fused(self, x: torch.Tensor) -> torch.Tensor:
-        """The same function in PyTorch's one-kernel ``F.layer_norm`` (a test checks they agree):
-        one operation forward and one backward instead of about eight each, for fast training."""
         return F.layer_norm(x, (self.d,), self.gamma, self.beta, self.eps)
 
     def extra_repr(self) -> str:
@@ -126,7 +106,10 @@ class LayerNorm(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm(x)_i = γ_i x_i / √(mean_j x_j² + ε): no mean subtracted, no shift β."""
+    """RMSNorm(x)_i = γ_i x_i / √(mean_j x_j² + ε): no mean subtracted, no shift β.
+
+    ``forward`` calls PyTorch's ``F.rms_norm``, which computes ``rms_norm`` above (lesson 09 checks it).
+    """
 
     def __init__(self, d: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -138,10 +121,6 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(..., D) -> (..., D)."""
         _check_last_dim("RMSNorm", x, self.d)
-        return rms_norm(x, self.gamma, self.eps)
-
-    def fused(self, x: torch.Tensor) -> torch.Tensor:
-        """The same function in PyTorch's ``F.rms_norm`` (a test checks they agree)."""
         return F.rms_norm(x, (self.d,), self.gamma, self.eps)
 
     def extra_repr(self) -> str:
@@ -159,89 +138,50 @@ def make_norm(kind: str, d: int, eps: float = 1e-5) -> nn.Module:
     raise ValueError(f"norm={kind!r} is not known; use one of {', '.join(NORMS)}")
 
 
-def norm_parameter_count(kind: str, d: int) -> int:
-    """LayerNorm has γ and β (2d), RMSNorm only γ (d), no normalisation nothing."""
-    if kind not in NORMS:
-        raise ValueError(f"norm={kind!r} is not known; use one of {', '.join(NORMS)}")
-    return {"layernorm": 2 * d, "rmsnorm": d, "none": 0}[kind]
-
-
-def attention_parameter_count(d_model: int, n_heads: int = 1, n_kv_heads: int | None = None,
-                              bias: bool = True) -> int:
-    """``MultiHeadAttention(d_model, n_heads, n_kv_heads=..., bias=...)`` by formula (d_k = D/H).
-
-    W_Q and W_O are D×D; W_K and W_V are D×(H_kv·d_k), so grouped-query attention shrinks them by
-    H/H_kv. Multi-head attention (H_kv = H) gives 4D² + 4D.
-    """
-    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-    kv_width = n_kv_heads * (d_model // n_heads)
-    weights = 2 * d_model * d_model + 2 * d_model * kv_width
-    return weights + ((2 * d_model + 2 * kv_width) if bias else 0)
-
-
-def block_parameter_count(d_model: int, d_ff: int | None = None, activation: str = "gelu",
-                          bias: bool = True, *, n_heads: int = 1, n_kv_heads: int | None = None,
-                          norm: str = "layernorm") -> int:
-    """Trainable parameters of one ``TransformerBlock`` by formula.
-
-    Attention as in ``attention_parameter_count``, two norms, the MLP as in
-    ``feedforward_parameter_count`` (``activation="none"``: no MLP and no second norm).
-    GPT-2's layout (F = 4D, GELU, biases, LayerNorm, H_kv = H) gives 12D² + 13D.
-    """
-    attention = attention_parameter_count(d_model, n_heads, n_kv_heads, bias)
-    if activation == "none":
-        return attention + norm_parameter_count(norm, d_model)
-    return (attention + 2 * norm_parameter_count(norm, d_model)
-            + feedforward_parameter_count(d_model, d_ff, activation, bias))
-
-
 class TransformerBlock(nn.Module):
-    """One Transformer layer: multi-head attention, then the feed-forward network, each wrapped in
-    a residual connection and a normalisation.
+    """One Transformer layer: attention, then the feed-forward network, each wrapped in a residual
+    connection and a normalisation. The block joins the parts it is given (``make_block`` builds
+    the usual ones; ``gpt.GPT`` builds them from its config).
 
     ``norm_first=True`` (pre-LN, GPT-2 onward): x + attn(norm1(x)), then x + ffn(norm2(x)); the
     residual stream itself is never normalised. ``norm_first=False`` (post-LN, 2017 "Add & Norm",
-    BERT): norm1(x + attn(x)), then norm2(x + ffn(x)). The switches exist to measure what each
-    piece is worth: ``norm`` "layernorm" / "rmsnorm" / "none", ``activation="none"`` (no
-    feed-forward network), ``residual=False`` (drop the "x +"), ``n_kv_heads`` (grouped-query
-    attention), ``rope_base`` / ``alibi`` (positions inside attention).
+    BERT): norm1(x + attn(x)), then norm2(x + ffn(x)). ``ffn=None`` (with ``norm2=None``) leaves
+    attention alone; ``residual=False`` drops the "x +" (lesson 04 measures what it is worth).
     """
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int | None = None, activation: str = "gelu",
-                 norm_first: bool = True, eps: float = 1e-5, bias: bool = True, dropout: float = 0.0,
-                 attn_impl: str = "batched", *, n_kv_heads: int | None = None, norm: str = "layernorm",
-                 residual: bool = True, rope_base: float | None = None, alibi: bool = False) -> None:
+    def __init__(self, attn: nn.Module, ffn: nn.Module | None, norm1: nn.Module, norm2: nn.Module | None, *,
+                 norm_first: bool = True, residual: bool = True, dropout: float = 0.0) -> None:
         super().__init__()
-        if activation != "none":
-            _check_activation(activation)
+        if (ffn is None) != (norm2 is None):
+            raise ValueError("give the feed-forward network and its norm together (both, or both None)")
         self.norm_first, self.residual = norm_first, residual
-        self.attn_impl = attn_impl  # "batched" or "fused" (PyTorch's kernels, same parameters)
-        self.attn = MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout, n_kv_heads=n_kv_heads,
-                                       rope_base=rope_base, alibi=alibi)
-        self.norm1 = make_norm(norm, d_model, eps)
-        self.ffn = None if activation == "none" else FeedForward(d_model, d_ff, activation, bias, dropout)
-        self.norm2 = None if activation == "none" else make_norm(norm, d_model, eps)
+        self.attn = attn
+        self.norm1 = norm1
+        self.ffn = ffn
+        self.norm2 = norm2
         self.dropout = nn.Dropout(dropout)  # on the attention output, as GPT-2/BERT do (the FFN has its own)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False,
                 kv_cache=None) -> torch.Tensor:
-        """(B, T, D) -> (B, T, D). ``mask``/``causal``/``kv_cache`` go to the attention.
-
-        With ``attn_impl="fused"`` the norms run as PyTorch's kernels too (``LayerNorm.fused``).
-        """
+        """(B, T, D) -> (B, T, D). ``mask``/``causal``/``kv_cache`` go to the attention."""
         def attend(h: torch.Tensor) -> torch.Tensor:
-            return self.dropout(self.attn(h, mask=mask, causal=causal, impl=self.attn_impl, kv_cache=kv_cache))
+            return self.dropout(self.attn(h, mask=mask, causal=causal, kv_cache=kv_cache))
 
-        x = self._sublayer(x, attend, self._kernel(self.norm1))
-        return x if self.ffn is None else self._sublayer(x, self.ffn, self._kernel(self.norm2))
+        x = self._sublayer(x, attend, self.norm1)
+        return x if self.ffn is None else self._sublayer(x, self.ffn, self.norm2)
 
-    def _kernel(self, norm: nn.Module) -> nn.Module:
-        """The norm itself, or with ``attn_impl="fused"`` its one-kernel twin (no norm: the identity)."""
-        return getattr(norm, "fused", norm) if self.attn_impl == "fused" else norm
-
-    def _sublayer(self, x: torch.Tensor, f, norm) -> torch.Tensor:
+    def _sublayer(self, x: torch.Tensor, f, norm: nn.Module) -> torch.Tensor:
         """Pre-LN x + f(norm(x)) or post-LN norm(x + f(x)); without the residual, "x +" is dropped."""
         if self.norm_first:
             out = f(norm(x))
             return x + out if self.residual else out
         return norm(x + f(x) if self.residual else f(x))
+
+
+def make_block(d_model: int, n_heads: int, d_ff: int | None = None, activation: str = "gelu",
+               norm_first: bool = True, eps: float = 1e-5, bias: bool = True, dropout: float = 0.0) -> TransformerBlock:
+    """The block of the 2017 paper and BERT (``norm_first=False``) or of GPT-2 (pre-LN): multi-head
+    attention, LayerNorms and a feed-forward network of width ``d_ff`` (4·d_model by default)."""
+    return TransformerBlock(MultiHeadAttention(d_model, n_heads, bias=bias, dropout=dropout),
+                            FeedForward(d_model, d_ff, activation, bias, dropout),
+                            LayerNorm(d_model, eps), LayerNorm(d_model, eps), norm_first=norm_first, dropout=dropout)

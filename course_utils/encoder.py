@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_utils.blocks import LayerNorm, TransformerBlock
+from course_utils.blocks import LayerNorm, make_block
 from course_utils.positional import LearnedPositionalEmbedding
 
 
@@ -132,8 +132,8 @@ class TransformerEncoder(nn.Module):
         self.config = config
         self.embeddings = EncoderEmbeddings(config)
         self.blocks = nn.ModuleList(
-            TransformerBlock(config.d_model, config.n_heads, config.d_ff, activation="gelu",
-                             norm_first=False, eps=config.eps)
+            make_block(config.d_model, config.n_heads, config.d_ff, activation="gelu", norm_first=False,
+                       eps=config.eps)
             for _ in range(config.n_layers)
         )
         self.pooler = nn.Linear(config.d_model, config.d_model) if config.pooler else None

@@ -10,8 +10,6 @@ Shapes: ``B`` batch, ``S`` source positions, ``T`` target positions, ``D`` = d_m
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from course_utils.attention import KVCache, MultiHeadAttention, merge_heads, scaled_dot_product_attention, split_heads
-from course_utils.blocks import FeedForward, LayerNorm, TransformerBlock
+from course_utils.blocks import FeedForward, LayerNorm, make_block
 from course_utils.positional import LearnedPositionalEmbedding
 
 PAD, BOS, EOS = 0, 1, 2
@@ -30,13 +28,25 @@ def key_mask(src_keep: torch.Tensor | None) -> torch.Tensor | None:
     return None if src_keep is None else src_keep[:, None, None, :]
 
 
-class CrossAttention(MultiHeadAttention):
+class CrossAttention(nn.Module):
     """Multi-head attention whose queries come from ``x`` (the decoder) and whose keys and values
-    come from ``memory`` (the encoder's output). Same parameters as ``MultiHeadAttention``.
+    come from ``memory`` (the encoder's output). Its W_Q, W_K, W_V, W_O (D -> D each) are laid out
+    like ``MultiHeadAttention``'s, so one's state dict loads into the other.
 
     ``memory_kv`` takes the keys and values once projected by ``project_memory``: during generation
     the memory never changes, so they are computed once, not at every new token.
     """
+
+    def __init__(self, d_model: int, n_heads: int, bias: bool = True, dropout: float = 0.0) -> None:
+        super().__init__()
+        if n_heads < 1 or d_model % n_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}; pick a number of heads "
+                             "that divides d_model")
+        self.d_model, self.n_heads, self.dropout = d_model, n_heads, dropout
+        self.W_Q = nn.Linear(d_model, d_model, bias=bias)
+        self.W_K = nn.Linear(d_model, d_model, bias=bias)
+        self.W_V = nn.Linear(d_model, d_model, bias=bias)
+        self.W_O = nn.Linear(d_model, d_model, bias=bias)
 
     def project_memory(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """memory (B, S, D) -> keys (B, H, S, d_k), values (B, H, S, d_v)."""
@@ -107,7 +117,7 @@ class DecoderBlock(nn.Module):
 class Transformer(nn.Module):
     """The encoder–decoder without embeddings: float vectors in, float vectors out.
 
-    ``encoder`` holds ``blocks`` (``TransformerBlock``, no mask but the source padding) and
+    ``encoder`` holds ``blocks`` (``blocks.make_block``, no mask but the source padding) and
     ``final_norm``; ``decoder`` holds ``blocks`` (``DecoderBlock``) and ``final_norm``. As in
     ``torch.nn.Transformer``, both stacks end with a LayerNorm (needed after pre-LN blocks).
     ``n_encoder_layers=0`` leaves the encoder position-wise: memory position s is the normalised
@@ -124,7 +134,7 @@ class Transformer(nn.Module):
         self.d_model, self.n_heads = d_model, n_heads
         self.encoder = nn.Module()
         self.encoder.blocks = nn.ModuleList(
-            TransformerBlock(d_model, n_heads, d_ff, activation, norm_first, eps, bias, dropout)
+            make_block(d_model, n_heads, d_ff, activation, norm_first, eps, bias, dropout)
             for _ in range(n_encoder_layers))
         self.encoder.final_norm = LayerNorm(d_model, eps)
         self.decoder = nn.Module()
@@ -179,7 +189,7 @@ def _copy_linear(ours: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | Non
         ours.bias.copy_(bias)
 
 
-def _copy_attention(ours: MultiHeadAttention, theirs: nn.MultiheadAttention) -> None:
+def _copy_attention(ours: MultiHeadAttention | CrossAttention, theirs: nn.MultiheadAttention) -> None:
     """nn.MultiheadAttention packs W_Q, W_K, W_V into one in_proj (3D, D); ours keeps them apart."""
     for name, w, b in zip(("W_Q", "W_K", "W_V"), theirs.in_proj_weight.chunk(3),
                           theirs.in_proj_bias.chunk(3) if theirs.in_proj_bias is not None else (None,) * 3,
@@ -382,7 +392,7 @@ def beam_search(model: EncoderDecoder, src: torch.Tensor, max_new: int, beam_siz
         scores, parent, token = beam_step(log_probs, scores, done, K)
         rows = (parent + K * torch.arange(B, device=src.device)[:, None]).reshape(-1)  # parent's flat row
         for cache in caches:
-            cache.k, cache.v = cache.k[rows], cache.v[rows]
+            cache.select(rows)
         seqs = torch.cat([seqs.gather(1, parent[..., None].expand_as(seqs)), token[..., None]], dim=-1)
         done = done.gather(1, parent) | (token == EOS) | (token == PAD)
         if bool(done.all()):
@@ -401,7 +411,7 @@ class DecoderOnly(nn.Module):
                  d_ff: int | None = None) -> None:
         super().__init__()
         self.embedding = Embedding(vocab_size, max_len, d_model)
-        self.blocks = nn.ModuleList(TransformerBlock(d_model, n_heads, d_ff, "gelu", norm_first=True)
+        self.blocks = nn.ModuleList(make_block(d_model, n_heads, d_ff, "gelu", norm_first=True)
                                     for _ in range(n_layers))
         self.final_norm = LayerNorm(d_model)
         self.lm_head = nn.Linear(d_model, vocab_size)
@@ -433,38 +443,3 @@ def greedy_continue(model: DecoderOnly, prompt: torch.Tensor, max_new: int) -> t
         if bool(done.all()):
             break
     return out[:, prompt.shape[1]:]
-
-
-# ------------------------------------------------------------------ training
-
-def fit(model: nn.Module, loss_on: Callable[[torch.Generator], torch.Tensor], steps: int, lr: float = 2e-3,
-        warmup: int = 100, seed: int = 0, log_every: int = 50) -> list[float]:
-    """AdamW for ``steps`` steps with linear warmup then cosine decay to lr/10; returns the loss every
-    ``log_every`` steps (the mean since the last log). ``loss_on(gen)`` draws a batch and returns its loss."""
-    if steps < 1:
-        raise ValueError(f"steps must be at least 1, got {steps}")
-    gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-
-    def schedule(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = (step - warmup) / max(1, steps - warmup)
-        return 0.1 + 0.45 * (1 + math.cos(math.pi * progress))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
-    model.train()
-    curve, running = [], []
-    for step in range(steps):
-        loss = loss_on(gen)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        running.append(loss.item())
-        if (step + 1) % log_every == 0 or step + 1 == steps:
-            curve.append(sum(running) / len(running))
-            running = []
-    model.eval()
-    return curve

@@ -1,14 +1,16 @@
-"""Training a GPT: batches, AdamW, warmup + cosine, checkpoints, throughput, one GPU or many.
+"""Training a model: batches, AdamW, warmup + cosine, checkpoints, throughput, one GPU or many.
 
+The one trainer of the course: the GPT of lessons 07–09 on windows of a token tensor, and any
+other model (lesson 10's encoder–decoder) on batches drawn by a function, with a loss function.
 ``train`` runs four named phases over one ``Run`` object: ``set_up`` (device, optimiser, resume),
 ``train_step`` (one optimiser step), ``evaluate`` / ``log`` (validation loss, training loss and
 speed into the history) and ``save`` (an atomic checkpoint); the helpers above them are each one
-idea. The device is ``runtime.device()`` (CUDA, then MPS, then the CPU); under ``torchrun`` each
-process takes its own ``cuda:LOCAL_RANK`` (or the CPU with gloo), DistributedDataParallel averages
-the gradients. On CUDA the trainer turns on what makes training fast (bf16 autocast, TF32 matmuls,
-``torch.compile``, fused AdamW); on MPS and the CPU it stays in float32 (fused AdamW on the CPU
-too, the plain loop on MPS), and compiles on the CPU only when the time budget is long enough for
-the faster steps to repay the compile time (``compiles``).
+idea. The device is ``runtime.device()`` (CUDA, then MPS, then the CPU) unless the caller says
+where (``Dist``: ``course train`` under ``torchrun`` gives each process its own rank and device,
+and DistributedDataParallel averages the gradients). On CUDA the trainer turns on what makes
+training fast (bf16 autocast, TF32 matmuls, ``torch.compile``, fused AdamW); on MPS and the CPU
+it stays in float32 and eager unless ``TrainConfig.compile`` says otherwise (fused AdamW on the
+CPU too, the plain loop on MPS).
 
 Shapes: ``B`` batch, ``T`` context length (``max_len``), ``V`` vocabulary, ``D`` model width.
 """
@@ -19,6 +21,7 @@ import contextlib
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -27,8 +30,7 @@ import torch.distributed as dist
 from torch import nn
 from tqdm.auto import tqdm
 
-from course_utils import gpt, runtime
-from course_utils.cpu_threads import ThreadTuner
+from course_utils import counting, gpt, runtime
 from course_utils.tokenize import Tokenizer, load_tokenizer
 
 CHECKPOINT = "ckpt.pt"
@@ -56,12 +58,12 @@ class TrainConfig:
     eval_iters: int = 20
     log_interval: int = 10
     seed: int = 1337
-    compile: bool | None = None  # None: on for CUDA; on a CPU when it pays (``compiles``)
+    compile: bool | None = None  # None: on for CUDA, off elsewhere (``compiles``)
     dtype: str = "auto"  # "auto" (bf16 on CUDA when supported), "bfloat16" or "float32"
 
     @classmethod
     def preset(cls, name: str) -> TrainConfig:
-        """Settings that go with ``GPTConfig.preset(name)``."""
+        """Settings that go with ``GPTConfig.preset(name)`` (``course train --config name``)."""
         if name not in TRAIN_PRESETS:
             raise ValueError(f"no training preset {name!r}; use one of {', '.join(TRAIN_PRESETS)}")
         return cls(**TRAIN_PRESETS[name])
@@ -87,17 +89,6 @@ TRAIN_PRESETS = {
 }
 
 
-# What `course train --config NAME` changes in GPTConfig.preset(NAME), besides the vocabulary: in a
-# CPU's two minutes, 3 blocks with a context of 64 (nanoGPT's CPU recipe has 4 x 64) take more
-# optimiser steps, and reach a lower validation loss, than 4 blocks with a context of 128.
-MODEL_OVERRIDES = {"cpu": {"max_len": 64, "n_layers": 3}}
-
-
-def model_config(name: str, vocab_size: int) -> gpt.GPTConfig:
-    """The GPT that ``course train --config name`` trains, for a tokenizer of ``vocab_size`` tokens."""
-    return gpt.GPTConfig.preset(name, vocab_size=vocab_size, **MODEL_OVERRIDES.get(name, {}))
-
-
 # ---------------------------------------------------------------------------------------------
 # Devices and processes
 @dataclass(frozen=True)
@@ -111,22 +102,6 @@ class Dist:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
-
-def setup_distributed() -> Dist:
-    """One process: ``runtime.device()``. Under ``torchrun``: join the process group, each process
-    on its own GPU ``cuda:LOCAL_RANK`` with NCCL, or on the CPU with gloo (MPS has no DDP backend)."""
-    if "RANK" not in os.environ:
-        return Dist(device=runtime.device())
-    rank, world, local = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-    else:
-        device = torch.device("cpu")
-    if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    return Dist(rank, world, device)
 
 
 def autocast_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype:
@@ -146,16 +121,13 @@ def autocast(device: torch.device, dtype: torch.dtype):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-# PyTorch threads for training on a CPU when none are asked for and the count cannot be measured
-# (several processes, or ``train.train`` called without a ``ThreadTuner``). On the shared 2-core
-# machine two threads per process ran 6 % as fast as one under load (README, Performance): each
-# step waits for its slowest thread, and a thread that loses its core stalls the other. One thread
-# loses at most half the speed on an idle machine. ``course train`` measures instead (cpu_threads).
-CPU_THREADS = 1
-
-
 # ---------------------------------------------------------------------------------------------
-# Data
+# Data: a batch source draws one batch (a tuple of CPU tensors) from a generator; a loss function
+# gives the model's mean loss on it. Language models use ``windows`` and ``lm_loss``.
+Draw = Callable[[torch.Generator], tuple[torch.Tensor, ...]]
+LossFn = Callable[..., torch.Tensor]  # loss_fn(model, *batch) -> scalar
+
+
 def get_batch(data: torch.Tensor, batch_size: int, block_size: int, generator: torch.Generator,
               rank: int = 0, world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """Random contiguous windows of a 1-D token array: x (B, T) and y (B, T), y shifted by one.
@@ -170,6 +142,20 @@ def get_batch(data: torch.Tensor, batch_size: int, block_size: int, generator: t
                          "use more text or a smaller max_len")
     starts = torch.randint(len(data) - block_size, (world_size * batch_size,), generator=generator)
     return shifted_windows(data, starts[rank * batch_size:(rank + 1) * batch_size], block_size)
+
+
+def windows(data: torch.Tensor, batch_size: int, block_size: int, where: Dist = Dist()) -> Draw:
+    """The batches of a language model: ``draw(generator)`` gives random windows (x, y) of the 1-D
+    token tensor ``data`` (``get_batch``), this process's slice of them."""
+    if data.dim() != 1:
+        raise ValueError(f"data must be a 1-D tensor of token ids, got shape {tuple(data.shape)}; or pass a "
+                         "function that draws a batch from a torch.Generator")
+    return lambda gen: get_batch(data, batch_size, block_size, gen, where.rank, where.world_size)
+
+
+def lm_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """A language model's loss on windows x, y (B, T): ``model(x, y)`` returns ``(logits, loss)``."""
+    return model(x, y)[1]
 
 
 def shifted_windows(data: torch.Tensor, starts: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -203,21 +189,21 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> 
 
 
 @torch.no_grad()
-def estimate_loss(model: nn.Module, splits: dict[str, torch.Tensor], batch_size: int, block_size: int,
-                  iters: int, seed: int, dtype: torch.dtype = torch.float32, where: Dist = Dist()) -> dict:
-    """Mean loss over ``iters`` batches per split. The batches are the same at every call (a fixed
-    seed), so successive estimates differ only because the model changed."""
+def mean_losses(model: nn.Module, draws: dict[str, Draw], loss_fn: LossFn, iters: int, seed: int,
+                dtype: torch.dtype = torch.float32, where: Dist = Dist()) -> dict[str, float]:
+    """Mean of ``loss_fn(model, *batch)`` over ``iters`` batches of each named source. The batches
+    are the same at every call (a fixed seed), so successive estimates differ only because the
+    model changed."""
     was_training = model.training
     model.eval()
     out = {}
-    for name, data in splits.items():
+    for name, draw in draws.items():
         gen = torch.Generator().manual_seed(seed)
         total = torch.zeros((), device=where.device)
         for _ in range(iters):
-            x, y = get_batch(data, batch_size, block_size, gen, where.rank, where.world_size)
+            batch = tuple(t.to(where.device) for t in draw(gen))
             with autocast(where.device, dtype):
-                _, loss = model(x.to(where.device), y.to(where.device))
-            total += loss.float()
+                total += loss_fn(model, *batch).float()
         if where.world_size > 1:
             dist.all_reduce(total)
         out[name] = total.item() / (iters * where.world_size)
@@ -225,36 +211,11 @@ def estimate_loss(model: nn.Module, splits: dict[str, torch.Tensor], batch_size:
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# Throughput: model FLOPs utilisation
-# Dense peak TFLOP/s from the vendors' data sheets: (bf16/fp16 tensor cores, tf32 or fp32).
-# More specific names first ("H100 PCIe" before "H100", "L40S" before "L4"). The V100 and the T4
-# have no bf16 units: their first figure is the fp16 peak (see NO_BF16).
-PEAK_TFLOPS = [
-    ("H200", 989.0, 494.0),
-    ("H100 PCIe", 756.0, 378.0),
-    ("H100", 989.0, 494.0),
-    ("A100", 312.0, 156.0),
-    ("L40S", 362.0, 183.0),
-    ("L4", 121.0, 60.0),
-    ("RTX 4090", 165.2, 82.6),
-    ("V100", 125.0, 15.7),
-    ("T4", 65.0, 8.1),
-]
-
-
-NO_BF16 = ("V100", "T4")  # tensor cores with fp16 but no bf16
-
-
-def peak_tflops(device_name: str, dtype: torch.dtype) -> float | None:
-    """The device's dense peak for ``dtype`` (bf16/fp16 column, else the tf32/fp32 one); None if
-    unknown, or for bf16 on a chip without bf16 units."""
-    for key, low_precision, full in PEAK_TFLOPS:
-        if key.lower() in device_name.lower():
-            if dtype == torch.bfloat16 and key in NO_BF16:
-                return None
-            return low_precision if dtype in (torch.bfloat16, torch.float16) else full
-    return None
+def estimate_loss(model: nn.Module, splits: dict[str, torch.Tensor], batch_size: int, block_size: int,
+                  iters: int, seed: int, dtype: torch.dtype = torch.float32, where: Dist = Dist()) -> dict[str, float]:
+    """A language model's mean loss over ``iters`` random windows (B, T) of each 1-D token tensor."""
+    draws = {name: windows(data, batch_size, block_size, where) for name, data in splits.items()}
+    return mean_losses(model, draws, lm_loss, iters, seed, dtype, where)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,14 +298,14 @@ def _set_device_rng_state(device: torch.device, state: torch.Tensor | None) -> N
 @dataclass
 class TrainResult:
     """What a run leaves behind: the loss curves, the final estimate and the speed (``nan`` speeds
-    when no optimiser step ran in this call, e.g. a time budget used up by set-up and evaluation)."""
+    when no optimiser step ran in this call, e.g. a time budget used up by set-up and evaluation;
+    ``nan`` TFLOP/s for a model that is not a GPT, whose FLOPs are not counted)."""
 
     history: dict = field(default_factory=dict)
     step: int = 0
     val_loss: float = float("nan")
     tokens_per_s: float = float("nan")
     tflops: float = float("nan")
-    mfu: float | None = None
     elapsed: float = 0.0
 
 
@@ -392,8 +353,9 @@ class Run:
     optimizer: torch.optim.Optimizer
     where: Dist
     dtype: torch.dtype  # autocast precision: bfloat16 or float32
-    splits: dict[str, torch.Tensor]  # "train" and "val" token tensors
-    batches: torch.Generator  # draws the training windows; the same on every rank
+    draws: dict[str, Draw]  # "train" and, when there is validation data, "val"
+    loss_fn: LossFn
+    batches: torch.Generator  # draws the training batches; the same on every rank
     start: float  # perf_counter() at which the run's elapsed time was 0 (earlier for a resumed run)
     tokenizer: Tokenizer | None = None
     out_dir: Path | None = None
@@ -405,33 +367,40 @@ class Run:
     meter: SpeedMeter = field(default_factory=SpeedMeter)
 
     @property
-    def block_size(self) -> int:
-        return self.raw.config.max_len
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.cfg.batch_size * self.block_size * self.cfg.grad_accum * self.where.world_size
+    def evaluates(self) -> bool:
+        return "val" in self.draws
 
     @property
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
 
 
-def set_up(model: nn.Module, train_data: torch.Tensor, val_data: torch.Tensor, cfg: TrainConfig, *,
-           tokenizer: Tokenizer | None = None, out_dir: str | os.PathLike | None = None,
-           resume: dict | None = None, clock: float | None = None) -> Run:
+def _draw(data: torch.Tensor | Draw, cfg: TrainConfig, model: nn.Module, where: Dist) -> Draw:
+    """A batch source: the function given, or the windows of a 1-D token tensor (T = model.config.max_len)."""
+    if callable(data):
+        return data
+    return windows(data, cfg.batch_size, model.config.max_len, where)
+
+
+def set_up(model: nn.Module, train_data: torch.Tensor | Draw, val_data: torch.Tensor | Draw | None,
+           cfg: TrainConfig, *, loss_fn: LossFn = lm_loss, tokenizer: Tokenizer | None = None,
+           out_dir: str | os.PathLike | None = None, resume: dict | None = None, clock: float | None = None,
+           where: Dist | None = None) -> Run:
     """Phase 1: device, precision, optimiser and generators, then the state of ``resume`` if given.
     ``clock`` is when the run started (a time budget counts set-up too)."""
     if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
         raise TypeError(f"cannot store a {type(tokenizer).__name__} in a checkpoint; use CharTokenizer or "
                         "BPETokenizer (or a class with kind, vocab_size, encode, decode and to_dict)")
-    where = setup_distributed()
+    where = Dist(device=runtime.device()) if where is None else where
     if where.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     raw = model.to(where.device)
+    draws = {"train": _draw(train_data, cfg, raw, where)}
+    if val_data is not None:
+        draws["val"] = _draw(val_data, cfg, raw, where)
     run = Run(cfg, raw, make_optimizer(raw, cfg, where.device), where, autocast_dtype(cfg, where.device),
-              {"train": train_data, "val": val_data}, torch.Generator().manual_seed(cfg.seed),
+              draws, loss_fn, torch.Generator().manual_seed(cfg.seed),
               start=time.perf_counter() if clock is None else clock, tokenizer=tokenizer,
               out_dir=Path(out_dir) if out_dir is not None else None, max_steps=cfg.max_iters)
     torch.manual_seed(cfg.seed + where.rank)  # dropout differs per rank
@@ -439,8 +408,6 @@ def set_up(model: nn.Module, train_data: torch.Tensor, val_data: torch.Tensor, c
         _restore(run, resume)
     run.model = _wrap(raw, cfg, where)
     return run
-
-
 def _restore(run: Run, ckpt: dict) -> None:
     """Put a checkpoint's weights, optimiser moments, step, history and random states into ``run``."""
     run.raw.load_state_dict(ckpt["model"])
@@ -452,25 +419,11 @@ def _restore(run: Run, ckpt: dict) -> None:
     _set_device_rng_state(run.where.device, ckpt["rng"].get("device"))
 
 
-# torch.compile on a CPU, measured with the cpu config on the shared 2-core machine at load 17-19
-# (README, Performance): compiling cost COMPILE_SECONDS (the training graph at the first step, 73 s,
-# and the evaluation graph at the first evaluation, 33 s), then each step ran COMPILE_SPEEDUP times
-# faster, so it pays for itself after COMPILE_SECONDS / (1 - 1 / COMPILE_SPEEDUP) s, about 46 minutes.
-# Both sides slow down alike under load, so the rule holds roughly on a quieter machine too.
-COMPILE_SECONDS = 106.0
-COMPILE_SPEEDUP = 1.04
-CPU_COMPILE_BREAK_EVEN = COMPILE_SECONDS / (1 - 1 / COMPILE_SPEEDUP)
-
-
 def compiles(cfg: TrainConfig, device: torch.device) -> bool:
     """Whether ``train`` runs the model through ``torch.compile``: ``cfg.compile`` when set; else on
-    CUDA always, on a CPU when ``time_budget`` is past the break-even (a run without a budget
-    stays eager: its length is not known in advance), on MPS never (its back-end is experimental)."""
-    if cfg.compile is not None:
-        return cfg.compile
-    if device.type == "cuda":
-        return True
-    return device.type == "cpu" and cfg.time_budget is not None and cfg.time_budget >= CPU_COMPILE_BREAK_EVEN
+    CUDA only (on a CPU compiling costs minutes that short runs never win back; ``course train``
+    decides by the time budget; MPS's back-end is experimental)."""
+    return cfg.compile if cfg.compile is not None else device.type == "cuda"
 
 
 def _wrap(raw: nn.Module, cfg: TrainConfig, where: Dist) -> nn.Module:
@@ -494,14 +447,13 @@ def train_step(run: Run) -> None:
         group["lr"] = lr
     loss_sum = torch.zeros((), device=where.device)
     for micro in range(cfg.grad_accum):
-        x, y = get_batch(run.splits["train"], cfg.batch_size, run.block_size, run.batches, where.rank,
-                         where.world_size)
-        x, y = x.to(where.device, non_blocking=True), y.to(where.device, non_blocking=True)
+        batch = tuple(t.to(where.device, non_blocking=True) for t in run.draws["train"](run.batches))
         sync = micro == cfg.grad_accum - 1 or where.world_size == 1
         with (contextlib.nullcontext() if sync else run.model.no_sync()), autocast(where.device, run.dtype):
-            _, loss = run.model(x, y)
+            loss = run.loss_fn(run.model, *batch)
         (loss / cfg.grad_accum).backward()
         loss_sum += loss.detach().float() / cfg.grad_accum
+        run.meter.tokens += batch[0].numel() * where.world_size  # tokens of the inputs (B·T for a language model)
     nn.utils.clip_grad_norm_(run.raw.parameters(), cfg.grad_clip)
     run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
@@ -509,7 +461,6 @@ def train_step(run: Run) -> None:
     run.history["step"].append(run.step)
     run.history["lr"].append(lr)
     run.step += 1
-    run.meter.tokens += run.tokens_per_step
 
 
 def _flush(run: Run) -> None:
@@ -528,8 +479,8 @@ def evaluate(run: Run) -> None:
     takes is left out of the speed."""
     _flush(run)
     t0 = time.perf_counter()
-    losses = estimate_loss(run.model, run.splits, run.cfg.batch_size, run.block_size, run.cfg.eval_iters,
-                           run.cfg.seed + 1, run.dtype, run.where)
+    losses = mean_losses(run.model, run.draws, run.loss_fn, run.cfg.eval_iters, run.cfg.seed + 1, run.dtype,
+                         run.where)
     seconds = time.perf_counter() - t0
     for key, value in (("eval_step", run.step), ("train_loss", losses["train"]), ("val_loss", losses["val"]),
                        ("eval_time", seconds), ("eval_elapsed", run.elapsed)):  # elapsed: since the run began
@@ -578,36 +529,46 @@ def _plan_steps(step: int, spent: float, cfg: TrainConfig, history: dict, where:
 
 def finish(run: Run, bar: tqdm) -> TrainResult:
     """The end of a call: the last losses and speed, a final evaluation when the schedule is done
-    (not at a pause), a checkpoint, and the result with throughput and model FLOPs utilisation."""
+    (not at a pause), a checkpoint, and the result with throughput and TFLOP/s (a GPT's)."""
     log(run, bar)
-    if run.step >= run.max_steps and run.step not in run.history["eval_step"][-1:]:
+    if run.evaluates and run.step >= run.max_steps and run.step not in run.history["eval_step"][-1:]:
         evaluate(run)
     save(run)
     bar.update(run.step - bar.n)
     bar.close()
     tok_s = run.meter.rate()
-    tflops = tok_s * gpt.flops_per_token(run.raw.config, run.block_size, training=True) / 1e12  # 6N + 12·L·T·D
-    peak = peak_tflops(torch.cuda.get_device_name(run.where.device), run.dtype) if run.where.device.type == "cuda" \
-        else None
-    return TrainResult(run.history, run.step, run.history["val_loss"][-1], tok_s, tflops,
-                       tflops / peak if peak else None, run.elapsed)
+    config = getattr(run.raw, "config", None)
+    tflops = (tok_s * counting.flops_per_token(config, config.max_len, training=True) / 1e12  # 6N + 12·L·T·D
+              if isinstance(config, gpt.GPTConfig) else float("nan"))
+    val_loss = run.history["val_loss"][-1] if run.history["val_loss"] else float("nan")
+    return TrainResult(run.history, run.step, val_loss, tok_s, tflops, run.elapsed)
 
 
-def train(model: nn.Module, train_data: torch.Tensor, val_data: torch.Tensor, cfg: TrainConfig, *,
-          tokenizer: Tokenizer | None = None, out_dir: str | os.PathLike | None = None, resume: dict | None = None,
-          until: int | None = None, progress: bool = True, threads: ThreadTuner | None = None) -> TrainResult:
-    """Train ``model`` (``model(x, y) -> (logits, loss)``, ``model.config`` a ``GPTConfig``) on 1-D
-    token tensors. ``resume`` is a checkpoint dict to continue from; ``until`` pauses after that
-    step (with a checkpoint) while the schedule still plans for the whole run. ``threads``, on a
-    CPU, picks the thread count from the measured step times."""
+def train(model: nn.Module, train_data: torch.Tensor | Draw, val_data: torch.Tensor | Draw | None,
+          cfg: TrainConfig, *, loss_fn: LossFn = lm_loss, tokenizer: Tokenizer | None = None,
+          out_dir: str | os.PathLike | None = None, resume: dict | None = None, until: int | None = None,
+          progress: bool = True, where: Dist | None = None,
+          on_step: Callable[[float], None] | None = None) -> TrainResult:
+    """Train ``model`` and return its curves and speed.
+
+    A language model (``model(x, y) -> (logits, loss)``, ``model.config.max_len``) trains on 1-D
+    token tensors, in random windows. Any other model trains on batches drawn by a function,
+    ``train_data(generator) -> tuple of tensors``, scored by ``loss_fn(model, *batch)``
+    (``val_data`` likewise, or None: no evaluation). ``resume`` is a checkpoint dict to continue
+    from (checkpoints store ``model.config``, a dataclass); ``until`` pauses after that step (with a
+    checkpoint) while the schedule still plans for the whole run. ``where`` is the process and
+    device (default: one process on ``runtime.device()``); ``on_step`` receives every optimiser
+    step's seconds (``course train``'s thread tuner listens there)."""
     clock = time.perf_counter()  # the time budget counts set-up too (the first optimiser imports dynamo)
-    run = set_up(model, train_data, val_data, cfg, tokenizer=tokenizer, out_dir=out_dir, resume=resume, clock=clock)
+    run = set_up(model, train_data, val_data, cfg, loss_fn=loss_fn, tokenizer=tokenizer, out_dir=out_dir,
+                 resume=resume, clock=clock, where=where)
     bar = tqdm(total=run.max_steps, initial=run.step, disable=not (progress and run.where.is_main), unit="step")
     run.model.train()
     run.meter.restart()
     while True:
         if run.step % cfg.eval_interval == 0 and run.step not in run.history["eval_step"][-1:]:
-            evaluate(run)
+            if run.evaluates:
+                evaluate(run)
             if run.step > 0:
                 save(run)
         if cfg.time_budget is not None:  # re-plan the schedule from the measured speed
@@ -616,8 +577,8 @@ def train(model: nn.Module, train_data: torch.Tensor, val_data: torch.Tensor, cf
             break
         started = time.perf_counter()
         train_step(run)
-        if threads is not None:
-            threads.observe(time.perf_counter() - started)
+        if on_step is not None:
+            on_step(time.perf_counter() - started)
         if run.step % cfg.log_interval == 0:
             log(run, bar)
     return finish(run, bar)

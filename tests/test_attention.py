@@ -13,15 +13,19 @@ from torch import nn
 
 from course_utils.attention import (
     KVCache,
+    ModelKVCache,
     MultiHeadAttention,
     SelfAttentionHead,
+    attend,
     causal_mask,
     merge_heads,
     padding_mask,
+    repeat_kv,
     scaled_dot_product_attention,
     softmax,
     split_heads,
 )
+from course_utils.positional import alibi_bias
 
 TOL = 1e-5
 SIZES = [(1, 1), (3, 4), (2, 7)]  # (B, T): a single token, a batch, an odd length
@@ -187,14 +191,14 @@ def test_sdpa_dropout_only_drops_weights():
     assert dropped.any() and max_err(w[~dropped], 2 * w0[~dropped]) <= TOL
 
 
-@pytest.mark.parametrize("impl", ["loop", "batched", "fused"])
-def test_bfloat16_with_a_float32_mask(impl):
+@pytest.mark.parametrize("sdpa", [True, False])
+def test_bfloat16_with_a_float32_mask(sdpa):
     torch.manual_seed(6)
-    mha = MultiHeadAttention(8, 2).eval()
+    mha = MultiHeadAttention(8, 2, sdpa=sdpa).eval()
     x = torch.randn(2, 5, 8)
     mask = torch.zeros(5, 5).masked_fill(~causal_mask(5), float("-inf"))  # float32, additive
-    ref = mha(x, mask, impl=impl)
-    out = mha.to(torch.bfloat16)(x.to(torch.bfloat16), mask, impl=impl)
+    ref = mha(x, mask)
+    out = mha.to(torch.bfloat16)(x.to(torch.bfloat16), mask)
     assert out.dtype == torch.bfloat16
     assert max_err(out.float(), ref) < 0.05
 
@@ -274,24 +278,42 @@ def mha_mask(kind: str, B: int, T: int, H: int, g: torch.Generator) -> tuple[tor
     return None, False
 
 
+def one_head_at_a_time(mha: MultiHeadAttention, x: torch.Tensor, mask: torch.Tensor | None,
+                       causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lecture notes' multi-head attention: head i from its rows of W_Q, W_K, W_V, then concat and W_O."""
+    if mask is not None and mask.ndim == 3:
+        mask = mask[:, None]
+    heads, weights = [], []
+    for i in range(mha.n_heads):
+        rows_k, rows_v = slice(i * mha.d_k, (i + 1) * mha.d_k), slice(i * mha.d_v, (i + 1) * mha.d_v)
+        q, k, v = (F.linear(x, layer.weight[rows], None if layer.bias is None else layer.bias[rows])
+                   for layer, rows in ((mha.W_Q, rows_k), (mha.W_K, rows_k), (mha.W_V, rows_v)))
+        mask_i = mask[:, min(i, mask.shape[1] - 1)] if mask is not None and mask.ndim == 4 else mask
+        h, w = scaled_dot_product_attention(q, k, v, mask_i, causal)
+        heads.append(h)
+        weights.append(w)
+    return mha.W_O(torch.cat(heads, dim=-1)), torch.stack(weights, dim=1)
+
+
 @pytest.mark.parametrize("B,T", SIZES)
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("kind", ["none", "causal", "padding", "padding+causal", "per-head", "float 3d"])
-def test_loop_batched_and_fused_agree(B, T, width, kind):
+def test_all_heads_at_once_equal_one_at_a_time_on_both_paths(B, T, width, kind):
     d_model, H, d_k, d_v = width
     g = gen(B + 10 * T + 100 * d_model)
     torch.manual_seed(d_model)
     mha = MultiHeadAttention(d_model, H, d_k=d_k, d_v=d_v).eval()
     x = torch.randn(B, T, d_model, generator=g)
     mask, causal = mha_mask(kind, B, T, H, g)
-    out_loop, w_loop = mha(x, mask, causal, need_weights=True, impl="loop")
-    out_batched, w_batched = mha(x, mask, causal, need_weights=True, impl="batched")
-    out_fused = mha(x, mask, causal, impl="fused")
-    assert out_loop.shape == (B, T, d_model) and w_loop.shape == (B, H, T, T)
-    assert max_err(out_loop, out_batched) <= TOL
-    assert max_err(w_loop, w_batched) <= TOL
-    assert max_err(out_fused, out_batched) <= TOL
-    assert torch.equal(mha(x, mask, causal), out_batched)
+    out_loop, w_loop = one_head_at_a_time(mha, x, mask, causal)
+    out_explicit, w_explicit = mha(x, mask, causal, need_weights=True)
+    out_sdpa = mha(x, mask, causal)
+    mha.sdpa = False
+    assert out_explicit.shape == (B, T, d_model) and w_explicit.shape == (B, H, T, T)
+    assert max_err(out_loop, out_explicit) <= TOL
+    assert max_err(w_loop, w_explicit) <= TOL
+    assert max_err(out_sdpa, out_explicit) <= TOL
+    assert torch.equal(mha(x, mask, causal), out_explicit)  # sdpa=False: the explicit path
 
 
 def copy_into_torch(mha: MultiHeadAttention) -> nn.MultiheadAttention:
@@ -309,11 +331,11 @@ def copy_into_torch(mha: MultiHeadAttention) -> nn.MultiheadAttention:
 @pytest.mark.parametrize("d_model,H", [(15, 3), (7, 1), (16, 4)])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("kind", ["none", "causal", "padding"])
-@pytest.mark.parametrize("impl", ["loop", "batched"])
-def test_matches_torch_multihead_attention(B, T, d_model, H, bias, kind, impl):
+@pytest.mark.parametrize("sdpa", [True, False])
+def test_matches_torch_multihead_attention(B, T, d_model, H, bias, kind, sdpa):
     g = gen(B + 10 * T + 100 * d_model)
     torch.manual_seed(T)
-    mha = MultiHeadAttention(d_model, H, bias=bias).eval()
+    mha = MultiHeadAttention(d_model, H, bias=bias, sdpa=sdpa).eval()
     ref = copy_into_torch(mha)
     x = torch.randn(B, T, d_model, generator=g)
     kwargs, mask, causal = {}, None, kind == "causal"
@@ -322,9 +344,9 @@ def test_matches_torch_multihead_attention(B, T, d_model, H, bias, kind, impl):
     if kind == "padding":
         keep = padding_mask(random_lengths(B, T, g), T)
         mask, kwargs["key_padding_mask"] = keep[:, None, None, :], ~keep
-    out, w = mha(x, mask, causal, need_weights=True, impl=impl)
+    out, w = mha(x, mask, causal, need_weights=True)
     ref_out, ref_w = ref(x, x, x, need_weights=True, average_attn_weights=True, **kwargs)
-    assert max_err(out, ref_out) <= TOL
+    assert max_err(out, ref_out) <= TOL and max_err(mha(x, mask, causal), ref_out) <= TOL
     assert max_err(w.mean(dim=1), ref_w) <= TOL
     _, ref_w_heads = ref(x, x, x, need_weights=True, average_attn_weights=False, **kwargs)
     assert max_err(w, ref_w_heads) <= TOL
@@ -343,33 +365,50 @@ def test_custom_head_widths_shapes():
     assert mha.W_O.weight.shape == (10, 18)  # nn.Linear stores (out, in): W_O is (m·d_v × d) transposed
 
 
-def test_head_projections_are_slices_of_the_big_matrices():
+def test_the_columns_of_one_head_are_its_slice():
     torch.manual_seed(2)
     mha = MultiHeadAttention(12, 3)
     x = torch.randn(2, 5, 12)
     q_all = split_heads(mha.W_Q(x), 3)
     for i in range(3):
-        q_i, k_i, v_i = mha.head_projections(x, i)
-        assert max_err(q_i, q_all[:, i]) <= TOL and k_i.shape == v_i.shape == (2, 5, 4)
-    with pytest.raises(IndexError, match="out of range for n_heads=3"):
-        mha.head_projections(x, 3)
+        q_i = F.linear(x, mha.W_Q.weight[4 * i:4 * (i + 1)], mha.W_Q.bias[4 * i:4 * (i + 1)])
+        assert max_err(q_i, q_all[:, i]) <= TOL
 
 
-@pytest.mark.parametrize("impl", ["batched", "fused"])
-def test_kv_cache_matches_full_causal_pass(impl):
+@pytest.mark.parametrize("sdpa", [True, False])
+def test_kv_cache_matches_full_causal_pass(sdpa):
     torch.manual_seed(3)
-    mha = MultiHeadAttention(16, 4).eval()
+    mha = MultiHeadAttention(16, 4, sdpa=sdpa).eval()
     x = torch.randn(2, 7, 16)
-    full = mha(x, causal=True, impl=impl)
+    full = mha(x, causal=True)
     cache = KVCache()
-    prompt = mha(x[:, :4], causal=True, impl=impl, kv_cache=cache)  # 4 tokens at once
-    steps = [mha(x[:, t:t + 1], causal=True, impl=impl, kv_cache=cache) for t in range(4, 7)]
+    prompt = mha(x[:, :4], causal=True, kv_cache=cache)  # 4 tokens at once
+    steps = [mha(x[:, t:t + 1], causal=True, kv_cache=cache) for t in range(4, 7)]
     assert len(cache) == 7 and cache.k.shape == (2, 4, 7, 4)
     assert max_err(torch.cat([prompt, *steps], dim=1), full) <= TOL
     # two new tokens at once against a cache of five: bottom-right causal alignment
     cache = KVCache()
-    mha(x[:, :5], causal=True, impl=impl, kv_cache=cache)
-    assert max_err(mha(x[:, 5:], causal=True, impl=impl, kv_cache=cache), full[:, 5:]) <= TOL
+    mha(x[:, :5], causal=True, kv_cache=cache)
+    assert max_err(mha(x[:, 5:], causal=True, kv_cache=cache), full[:, 5:]) <= TOL
+    _, weights = mha(x[:, 5:], causal=True, need_weights=True, kv_cache=KVCache())
+    assert weights.shape == (2, 4, 2, 2)
+
+
+def test_kv_cache_select_keeps_rows_in_the_order_given():
+    cache = KVCache()
+    k, v = torch.randn(3, 2, 4, 5), torch.randn(3, 2, 4, 6)
+    cache.update(k, v)
+    cache.select(torch.tensor([2, 0, 0]))
+    assert torch.equal(cache.k, k[[2, 0, 0]]) and torch.equal(cache.v, v[[2, 0, 0]]) and len(cache) == 4
+    with pytest.raises(ValueError, match="the cache is empty"):
+        KVCache().select(torch.tensor([0]))
+
+
+def test_model_kv_cache_needs_a_layer():
+    with pytest.raises(ValueError, match="n_layers must be positive, got 0"):
+        ModelKVCache(0)
+    cache = ModelKVCache(3)
+    assert len(cache) == 0 and cache[2] is not cache[0]
 
 
 def test_dropout_active_only_in_training():
@@ -378,15 +417,15 @@ def test_dropout_active_only_in_training():
     x = torch.randn(2, 6, 8)
     mha.train()
     assert max_err(mha(x), mha.eval()(x)) > 1e-3
-    assert torch.equal(mha(x, impl="loop"), mha(x, impl="loop"))
+    assert torch.equal(mha(x), mha(x)) and max_err(mha(x, need_weights=True)[0], mha(x)) <= TOL
 
 
-def test_fully_masked_padding_row_in_every_impl():
+def test_fully_masked_padding_row_on_both_paths():
     torch.manual_seed(5)
     mha = MultiHeadAttention(8, 2).eval()
     x = torch.randn(2, 3, 8)
     mask = padding_mask([3, 0], 3)[:, None, None, :]  # the second sequence is all padding
-    outs = [mha(x, mask, impl=impl) for impl in ("loop", "batched", "fused")]
+    outs = [one_head_at_a_time(mha, x, mask, False)[0], mha(x, mask, need_weights=True)[0], mha(x, mask)]
     for out in outs:
         assert torch.isfinite(out).all()
         assert max_err(out[1], mha.W_O.bias.expand(3, 8)) <= TOL  # zero attention output, then + bias
@@ -404,17 +443,15 @@ def test_multi_head_attention_errors():
     with pytest.raises(ValueError, match=r"x\[None\]"):
         mha(torch.randn(5, 8))
     x = torch.randn(2, 5, 8)
-    for impl in ("loop", "batched", "fused"):
+    for need_weights in (True, False):
         with pytest.raises(ValueError, match=r"mask of shape \(4, 4\) does not broadcast"):
-            mha(x, torch.ones(4, 4, dtype=torch.bool), impl=impl)
-    with pytest.raises(ValueError, match="does not broadcast"):
-        mha(x, torch.ones(2, 3, 5, 5, dtype=torch.bool), impl="loop")
-    with pytest.raises(ValueError, match="impl='bogus' is unknown"):
-        mha(x, impl="bogus")
-    with pytest.raises(ValueError, match="does not return attention weights"):
-        mha(x, need_weights=True, impl="fused")
-    with pytest.raises(ValueError, match="takes no kv_cache"):
-        mha(x, impl="loop", kv_cache=KVCache())
+            mha(x, torch.ones(4, 4, dtype=torch.bool), need_weights=need_weights)
+        with pytest.raises(ValueError, match="does not broadcast"):
+            mha(x, torch.ones(2, 3, 5, 5, dtype=torch.bool), need_weights=need_weights)
+    with pytest.raises(ValueError, match="n_kv_heads=3 must divide n_heads=2"):
+        MultiHeadAttention(8, 2, n_kv_heads=3)
+    with pytest.raises(ValueError, match="either RoPE"):
+        MultiHeadAttention(8, 2, rope_base=10000.0, alibi=True)
 
 
 # --- exercises of lessons 02-03: the usual mistakes get a hint that names them ----------------------
@@ -448,3 +485,88 @@ def _masked_after_softmax(q, k, v):
 ])
 def test_exercise_hints_name_the_mistake(name, fn, words):
     assert words in first_hint(name, fn)
+
+
+# --- the two paths of attend, and the pieces later lessons add ------------------------------------
+
+@pytest.mark.parametrize("T,S", [(1, 1), (4, 4), (2, 6), (5, 5)])
+@pytest.mark.parametrize("kind", ["none", "causal", "bool", "bool+causal", "float", "float+causal"])
+def test_attend_sdpa_equals_the_explicit_softmax(T, S, kind):
+    g = gen(T + 10 * S)
+    q, k, v = torch.randn(2, 3, T, 4, generator=g), torch.randn(2, 3, S, 4, generator=g), torch.randn(2, 3, S, 5,
+                                                                                                     generator=g)
+    mask = None
+    if kind.startswith("bool"):
+        mask = torch.rand(2, 1, T, S, generator=g) > 0.3
+        mask[..., -1] = True
+    elif kind.startswith("float"):
+        mask = torch.randn(1, 3, T, S, generator=g)
+    causal = kind.endswith("causal")
+    explicit = scaled_dot_product_attention(q, k, v, mask, causal)[0]
+    assert max_err(attend(q, k, v, mask, causal, sdpa=False), explicit) == 0.0
+    assert max_err(attend(q, k, v, mask, causal), explicit) <= TOL
+    assert max_err(attend(q, k, v, mask, causal), F.scaled_dot_product_attention(
+        q, k, v, attn_mask=None if mask is None and not causal else
+        (causal_mask(T, S) if mask is None else (mask & causal_mask(T, S) if mask.dtype == torch.bool and causal
+                                                 else mask if not causal else
+                                                 mask.masked_fill(~causal_mask(T, S), float("-inf")))))) <= TOL
+
+
+def test_repeat_kv_gives_each_query_head_its_group():
+    k = torch.randn(2, 2, 5, 3)
+    assert repeat_kv(k, 1) is k
+    r = repeat_kv(k, 3)
+    assert r.shape == (2, 6, 5, 3)
+    for i in range(6):
+        assert torch.equal(r[:, i], k[:, i // 3])
+
+
+@pytest.mark.parametrize("sdpa", [True, False])
+def test_grouped_query_attention_equals_multi_head_with_shared_key_heads(sdpa):
+    torch.manual_seed(7)
+    gqa = MultiHeadAttention(16, 4, n_kv_heads=2, sdpa=sdpa).eval()
+    mha = MultiHeadAttention(16, 4, sdpa=sdpa).eval()
+    with torch.no_grad():
+        for name in ("W_Q", "W_O"):
+            getattr(mha, name).load_state_dict(getattr(gqa, name).state_dict())
+        for name in ("W_K", "W_V"):  # key/value head j serves query heads 2j and 2j + 1
+            small = getattr(gqa, name)
+            getattr(mha, name).weight.copy_(small.weight.view(2, 1, 4, 16).expand(2, 2, 4, 16).reshape(16, 16))
+            getattr(mha, name).bias.copy_(small.bias.view(2, 1, 4).expand(2, 2, 4).reshape(16))
+    x = torch.randn(2, 6, 16)
+    assert max_err(gqa(x, causal=True), mha(x, causal=True)) <= TOL
+    cache = KVCache()
+    gqa(x, causal=True, kv_cache=cache)
+    assert cache.k.shape == (2, 2, 6, 4)  # the cache holds only the key/value heads
+
+
+@pytest.mark.parametrize("sdpa", [True, False])
+def test_alibi_adds_its_bias_to_the_scores(sdpa):
+    torch.manual_seed(8)
+    mha = MultiHeadAttention(8, 2, alibi=True, sdpa=sdpa).eval()
+    plain = MultiHeadAttention(8, 2).eval()
+    plain.load_state_dict(mha.state_dict())
+    x = torch.randn(1, 5, 8)
+    bias = alibi_bias(2, 5, 5)[None]
+    assert max_err(mha(x, causal=True), plain(x, bias.masked_fill(~causal_mask(5), float("-inf")))) <= TOL
+    keep = torch.ones(1, 1, 1, 5, dtype=torch.bool)
+    keep[..., 0] = False
+    assert max_err(mha(x, keep), plain(x, bias.masked_fill(~keep, float("-inf")))) <= TOL
+
+
+@pytest.mark.parametrize("sdpa", [True, False])
+def test_rope_with_a_cache_continues_counting_positions(sdpa):
+    torch.manual_seed(9)
+    mha = MultiHeadAttention(16, 4, rope_base=10000.0, n_kv_heads=2, sdpa=sdpa).eval()
+    x = torch.randn(2, 7, 16)
+    full = mha(x, causal=True)
+    cache = KVCache()
+    parts = [mha(x[:, :3], causal=True, kv_cache=cache)] + [mha(x[:, t:t + 1], causal=True, kv_cache=cache)
+                                                            for t in range(3, 7)]
+    assert max_err(torch.cat(parts, dim=1), full) <= TOL
+    shifted = torch.cat([torch.randn(2, 2, 16), x[:, :3]], dim=1)  # the same three tokens, two positions later
+    _, w_start = mha(x[:, :3], causal=True, need_weights=True)
+    _, w_later = mha(shifted, causal=True, need_weights=True)
+    # relative positions only: the last token's weights over the three tokens have the same ratios
+    ratio = lambda w: w / w.sum(-1, keepdim=True)
+    assert max_err(ratio(w_start[:, :, 2, :3]), ratio(w_later[:, :, 4, 2:5])) <= 1e-4

@@ -1,18 +1,22 @@
-"""Unit tests of course_utils.blocks: FeedForward, LayerNorm, RMSNorm and TransformerBlock."""
+"""Unit tests of course_utils.blocks: FeedForward, LayerNorm, RMSNorm, TransformerBlock and make_block."""
 
 import math
 
 import pytest
 import torch
 
+from course_utils.attention import MultiHeadAttention
 from course_utils.blocks import (
     FeedForward,
     LayerNorm,
     RMSNorm,
     TransformerBlock,
-    block_parameter_count,
-    feedforward_parameter_count,
+    layer_norm,
+    make_block,
+    make_norm,
+    rms_norm,
 )
+from course_utils.counting import block_parameter_count, feedforward_parameter_count
 
 
 def n_params(module: torch.nn.Module) -> int:
@@ -163,14 +167,14 @@ def test_block_parameter_formula():
 
 def test_block_parameter_count_gpt2_layout():
     for d, h in [(16, 2), (48, 4), (64, 8)]:
-        block = TransformerBlock(d, h)
+        block = make_block(d, h)
         assert n_params(block) == 12 * d * d + 13 * d == block_parameter_count(d)
-    assert n_params(TransformerBlock(16, 2, activation="swiglu", bias=False)) == \
+    assert n_params(make_block(16, 2, activation="swiglu", bias=False)) == \
         block_parameter_count(16, activation="swiglu", bias=False)
 
 
 def test_block_submodules():
-    block = TransformerBlock(16, 4, norm_first=False, eps=1e-6, activation="relu")
+    block = make_block(16, 4, norm_first=False, eps=1e-6, activation="relu")
     assert isinstance(block.norm1, LayerNorm) and block.norm1.eps == 1e-6
     assert isinstance(block.ffn, FeedForward) and block.ffn.activation == "relu"
     assert block.attn.n_heads == 4
@@ -199,7 +203,7 @@ def _torch_layer(block: TransformerBlock, norm_first: bool) -> torch.nn.Transfor
 @pytest.mark.parametrize("norm_first", [True, False])
 def test_block_matches_torch_encoder_layer(norm_first):
     torch.manual_seed(0)
-    block = TransformerBlock(32, 4, norm_first=norm_first).eval()
+    block = make_block(32, 4, norm_first=norm_first).eval()
     with torch.no_grad():  # non-trivial γ, β so the norms are really compared
         for norm in (block.norm1, block.norm2):
             norm.gamma.add_(0.3 * torch.randn(32))
@@ -216,7 +220,7 @@ def test_block_matches_torch_encoder_layer(norm_first):
 @pytest.mark.parametrize("norm_first", [True, False])
 def test_block_order_of_operations(norm_first):
     torch.manual_seed(1)
-    block = TransformerBlock(16, 2, norm_first=norm_first)
+    block = make_block(16, 2, norm_first=norm_first)
     x = torch.randn(2, 5, 16)
     if norm_first:
         h = x + block.attn(block.norm1(x))
@@ -229,7 +233,7 @@ def test_block_order_of_operations(norm_first):
 
 def test_block_causal_and_padding_masks():
     torch.manual_seed(2)
-    block = TransformerBlock(16, 4)
+    block = make_block(16, 4)
     x = torch.randn(1, 6, 16)
     y = block(x, causal=True)
     x2 = x.clone()
@@ -318,10 +322,44 @@ def test_block_parameters_hints():
 
 def test_block_dropout_only_in_training():
     torch.manual_seed(3)
-    block = TransformerBlock(16, 2, dropout=0.5)
+    block = make_block(16, 2, dropout=0.5)
     x = torch.randn(2, 5, 16)
     block.train()
     assert not torch.allclose(block(x), block(x))
     block.eval()
     torch.testing.assert_close(block(x), block(x))
     assert n_params(block) == block_parameter_count(16)
+
+
+@pytest.mark.parametrize("shape", [(5, 16), (2, 3, 16)])
+def test_the_norm_modules_compute_the_derived_formulas(shape):
+    torch.manual_seed(4)
+    x = torch.randn(*shape) * 3 + 1
+    ln, rms = LayerNorm(16, eps=1e-5), RMSNorm(16, eps=1e-6)
+    with torch.no_grad():
+        ln.gamma.copy_(torch.randn(16))
+        ln.beta.copy_(torch.randn(16))
+        rms.gamma.copy_(torch.randn(16))
+    torch.testing.assert_close(ln(x), layer_norm(x, ln.gamma, ln.beta, 1e-5))
+    torch.testing.assert_close(rms(x), rms_norm(x, rms.gamma, 1e-6))
+
+
+def test_make_norm_names_the_kinds():
+    assert isinstance(make_norm("layernorm", 8), LayerNorm) and isinstance(make_norm("rmsnorm", 8), RMSNorm)
+    assert isinstance(make_norm("none", 8), torch.nn.Identity)
+    with pytest.raises(ValueError, match="norm='batchnorm' is not known; use one of layernorm, rmsnorm, none"):
+        make_norm("batchnorm", 8)
+
+
+def test_block_from_parts_attention_only_and_without_residual():
+    torch.manual_seed(5)
+    attn, norm = MultiHeadAttention(16, 2).eval(), LayerNorm(16)
+    x = torch.randn(2, 5, 16)
+    alone = TransformerBlock(attn, None, norm, None)
+    torch.testing.assert_close(alone(x, causal=True), x + attn(norm(x), causal=True))
+    no_residual = TransformerBlock(attn, None, norm, None, residual=False)
+    torch.testing.assert_close(no_residual(x), attn(norm(x)))
+    post = TransformerBlock(attn, None, norm, None, norm_first=False, residual=False)
+    torch.testing.assert_close(post(x), norm(attn(x)))
+    with pytest.raises(ValueError, match="give the feed-forward network and its norm together"):
+        TransformerBlock(attn, FeedForward(16), norm, None)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from course_tools import tuning
 from course_tools.cli import main as course
 from course_utils import runtime, train
 from course_utils.gpt import GPT, GPTConfig
@@ -70,7 +71,7 @@ def test_runtime_prefers_cuda_then_mps_then_cpu(hardware):
 
 
 def test_the_trainer_runs_where_runtime_says(hardware):
-    assert train.setup_distributed().device == hardware
+    assert tuning.setup_distributed().device == hardware
     torch.manual_seed(0)
     model = StaysOnCPU(GPTConfig(10, max_len=8, n_layers=1, n_heads=1, d_model=8))
     run = train.set_up(model, torch.arange(50) % 10, torch.arange(50) % 10, train.TrainConfig())
@@ -96,10 +97,10 @@ def test_course_sample_loads_on_the_runtime_device(hardware, monkeypatch, capsys
 
 
 def test_no_lesson_or_module_has_a_device_policy_of_its_own():
-    """Only runtime.py asks the hardware; train.py only for the per-process GPU under torchrun."""
+    """Only runtime.py asks the hardware; tuning.py only for the per-process GPU under torchrun."""
     offenders = []
     for path in sorted((ROOT / "course_utils").glob("*.py")) + sorted((ROOT / "course_tools").rglob("*.py")):
-        if path.name not in ("runtime.py", "train.py") and "cuda.is_available()" in path.read_text():
+        if path.name not in ("runtime.py", "tuning.py") and "cuda.is_available()" in path.read_text():
             offenders.append(str(path.relative_to(ROOT)))
     for folder in ("notebooks", "solutions"):
         for path in sorted((ROOT / folder).glob("*.ipynb")):
@@ -108,7 +109,7 @@ def test_no_lesson_or_module_has_a_device_policy_of_its_own():
             if "cuda.is_available()" in code:
                 offenders.append(str(path.relative_to(ROOT)))
     assert offenders == [], "use runtime.device() instead"
-    source = (ROOT / "course_utils" / "train.py").read_text()
+    source = (ROOT / "course_tools" / "tuning.py").read_text()
     assert source.count("cuda.is_available()") == 1  # the torchrun branch of setup_distributed
 
 

@@ -19,7 +19,6 @@ from course_utils.encoder_decoder import (
     Transformer,
     beam_search,
     beam_step,
-    fit,
     greedy_continue,
     greedy_decode,
     prefix_lm_loss,
@@ -27,6 +26,7 @@ from course_utils.encoder_decoder import (
     teacher_forcing_loss,
     transformer_from_torch,
 )
+from course_utils.train import Dist, TrainConfig, train
 
 SHAPES = [  # d_model, n_heads, encoder layers, decoder layers, d_ff, B, S, T
     (16, 2, 1, 1, 32, 2, 5, 4),
@@ -289,19 +289,23 @@ def test_decoder_only_prefix_loss_and_generation():
         assert not torch.allclose(model(torch.where(padded == PAD, 5, padded))[:, -1], before, atol=1e-3)
 
 
-def test_fit_learns_to_copy():
+def copy_pairs(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of the copying task: 32 sources of 4 tokens, each target <s> source </s>."""
+    src = torch.randint(3, 11, (32, 4), generator=gen)
+    return src, torch.cat([torch.full((32, 1), BOS), src, torch.full((32, 1), EOS)], dim=1)
+
+
+def test_the_course_trainer_trains_the_encoder_decoder():
     model = _model()
-
-    def loss_on(gen):
-        src = torch.randint(3, 11, (32, 4), generator=gen)
-        tgt = torch.cat([torch.full((32, 1), BOS), src, torch.full((32, 1), EOS)], dim=1)
-        return teacher_forcing_loss(model, src, tgt)
-
-    curve = fit(model, loss_on, steps=150, lr=3e-3, warmup=10, log_every=50)
-    assert len(curve) == 3 and curve[-1] < 0.5 * curve[0]
-    assert not model.training
-    with pytest.raises(ValueError, match="at least 1"):
-        fit(model, loss_on, steps=0)
+    cfg = TrainConfig(max_iters=150, lr=3e-3, min_lr=3e-4, warmup_iters=10, eval_interval=75, eval_iters=2,
+                      log_interval=50)
+    result = train(model, copy_pairs, copy_pairs, cfg, loss_fn=teacher_forcing_loss, where=Dist(), progress=False)
+    losses = result.history["loss"]
+    assert result.step == 150 and len(losses) == 150
+    assert sum(losses[-50:]) / 50 < 0.5 * sum(losses[:50]) / 50
+    assert result.history["eval_step"] == [0, 75, 150] and result.val_loss < result.history["val_loss"][0]
+    assert math.isnan(result.tflops)  # FLOPs are counted for GPTs only
+    assert result.tokens_per_s > 0
 
 
 def test_shape_and_size_errors():

@@ -4,8 +4,9 @@ initialised from a config, so nothing is downloaded), and greedy generation agre
 import pytest
 import torch
 
+from course_utils.counting import count_params
 from course_utils.generate import generate
-from course_utils.gpt import GPT, count_params
+from course_utils.gpt import GPT
 
 transformers = pytest.importorskip("transformers")
 

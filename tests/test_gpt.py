@@ -4,10 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_utils.gpt import (
-    GPT,
-    PRESETS,
-    GPTConfig,
+from course_utils.config import PRESETS
+from course_utils.counting import (
     count_instantiated,
     count_params,
     count_params_approx,
@@ -16,6 +14,7 @@ from course_utils.gpt import (
     size_report,
     training_compute,
 )
+from course_utils.gpt import GPT, GPTConfig
 
 
 def small(**overrides) -> GPTConfig:
@@ -97,14 +96,14 @@ def test_config_errors_name_the_fix():
             GPTConfig.preset(old)
 
 
-def test_old_field_names_still_read_with_a_deprecation_warning():
-    c = small()
-    for old, new in (("n_ctx", "max_len"), ("n_layer", "n_layers"), ("n_head", "n_heads")):
-        with pytest.warns(DeprecationWarning, match=f"GPTConfig.{old} is deprecated; use GPTConfig.{new}"):
-            assert getattr(c, old) == getattr(c, new)
-    with pytest.raises(AttributeError):
-        c.n_ctx = 5  # read-only, like the fields of the frozen config
-    assert GPTConfig(37, 24, 3, 4, 32) == c  # positional order unchanged
+def test_one_config_per_preset_name():
+    """`course train --config cpu` trains GPTConfig.preset("cpu") itself (only the vocabulary follows the
+    tokenizer), and no two presets are the same model."""
+    assert GPTConfig.preset("cpu") == GPTConfig(84, 64, 3, 4, 128)
+    assert GPTConfig.preset("shakespeare_char_small") == GPTConfig(84, 128, 4, 4, 128)
+    configs = list(PRESETS.values())
+    assert all(a != b for i, a in enumerate(configs) for b in configs[i + 1:])
+    assert GPTConfig(37, 24, 3, 4, 32) == small()  # positional order of the fields
 
 
 # ------------------------------------------------------------------------ the model

@@ -3,24 +3,24 @@ RoPE/ALiBi inside attention, the KV cache with each of them, and the error messa
 
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from course_utils.attention import ModelKVCache, MultiHeadAttention
-from course_utils.blocks import TransformerBlock, attention_parameter_count
-from course_utils.generate import generate
-from course_utils.gpt import (
-    GPT,
-    POSITIONS,
-    GPTConfig,
+from course_utils.attention import ModelKVCache, MultiHeadAttention, split_heads
+from course_utils.config import POSITIONS
+from course_utils.counting import (
+    attention_parameter_count,
     count_instantiated,
     count_params,
     flops_per_token,
     kv_cache_bytes_per_token,
 )
+from course_utils.generate import generate
+from course_utils.gpt import GPT, GPTConfig, gpt_block
 from course_utils.positional import SinusoidalPositionalEncoding, apply_rope, rope_halves_to_pairs, sinusoidal_encoding
 
 NORMS = ("layernorm", "rmsnorm", "none")
@@ -77,9 +77,7 @@ def non_matmul_params(model: GPT) -> int:
 @pytest.mark.parametrize("config", GRID[::7], ids=lambda c: f"{c.norm}-{c.position}-{c.activation}-kv{c.n_kv_heads}")
 def test_flops_per_token_equals_counted_matmuls(config):
     torch.manual_seed(0)
-    model = GPT(config).eval()
-    for block in model.blocks:
-        block.attn_impl = "batched"  # plain matmuls, which FlopCounterMode counts (the CPU fused kernel is not)
+    model = GPT(replace(config, sdpa=False)).eval()  # plain matmuls, which FlopCounterMode counts (not the kernel)
     T = config.max_len
     with FlopCounterMode(display=False) as counter:
         model(torch.randint(0, config.vocab_size, (2, T)))
@@ -120,12 +118,10 @@ def test_attention_paths_agree_with_gqa_rope_alibi(extra):
     torch.manual_seed(0)
     attn = MultiHeadAttention(32, 4, **extra)
     x = torch.randn(2, 6, 32)
-    loop, w_loop = attn(x, causal=True, impl="loop", need_weights=True)
-    batched, w_batched = attn(x, causal=True, impl="batched", need_weights=True)
-    fused = attn(x, causal=True, impl="fused")
-    torch.testing.assert_close(loop, batched, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(fused, batched, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(w_loop, w_batched, atol=1e-6, rtol=1e-5)
+    explicit, weights = attn(x, causal=True, need_weights=True)
+    torch.testing.assert_close(attn(x, causal=True), explicit, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 6))
+    assert torch.all(weights.triu(1) == 0)  # causal
 
 
 def test_rope_in_attention_scores_depend_on_distance_only():
@@ -186,7 +182,7 @@ def test_structure_of_switched_blocks():
 
 def test_block_without_residual_is_plain_composition():
     torch.manual_seed(0)
-    block = TransformerBlock(16, 2, residual=False, norm="none").eval()
+    block = gpt_block(GPTConfig(20, 8, 1, 2, 16, residual=False, norm="none")).eval()
     x = torch.randn(2, 5, 16)
     expected = block.ffn(block.attn(x, causal=True))
     torch.testing.assert_close(block(x, causal=True), expected)
@@ -271,13 +267,14 @@ def wrong(name, fn):
 
 def test_exercise_references_agree_with_the_library():
     torch.manual_seed(0)
-    block = TransformerBlock(64, 4, d_ff=170, activation="swiglu", bias=False, norm="rmsnorm", n_kv_heads=1)
+    block = gpt_block(GPTConfig(84, 16, 1, 4, 64, d_ff=170, activation="swiglu", bias=False, norm="rmsnorm",
+                                n_kv_heads=1))
     assert ex.llama_block_params(64, 4, 1, 170) == sum(p.numel() for p in block.parameters())
     ffn = block.ffn
     x = torch.randn(2, 3, 64)
     torch.testing.assert_close(ex.swiglu(x, ffn.W_gate.weight.T, ffn.W_in.weight.T, ffn.W_out.weight.T), ffn(x))
     attn = MultiHeadAttention(64, 4, n_kv_heads=2, bias=False)
-    q, k, v = attn.project_qkv(x)
+    q, k, v = split_heads(attn.W_Q(x), 4), split_heads(attn.W_K(x), 2), split_heads(attn.W_V(x), 2)
     expected = attn.W_O.weight @ ex.gqa_attention(q, k, v).transpose(1, 2).reshape(2, 3, 64)[..., None]
     torch.testing.assert_close(expected[..., 0], attn(x, causal=True), atol=1e-5, rtol=1e-5)
 

@@ -77,18 +77,6 @@ def test_weight_decay_only_on_matrices():
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
 
 
-def test_peak_table():
-    assert T.peak_tflops("NVIDIA H100 80GB HBM3", torch.bfloat16) == 989.0
-    assert T.peak_tflops("NVIDIA H100 PCIe", torch.bfloat16) == 756.0
-    assert T.peak_tflops("NVIDIA A100-SXM4-80GB", torch.float32) == 156.0
-    assert T.peak_tflops("NVIDIA L40S", torch.bfloat16) == 362.0
-    assert T.peak_tflops("NVIDIA L4", torch.bfloat16) == 121.0
-    assert T.peak_tflops("Some Future GPU", torch.bfloat16) is None
-    assert T.peak_tflops("Tesla V100-SXM2-16GB", torch.float16) == 125.0  # fp16 tensor cores
-    assert T.peak_tflops("Tesla V100-SXM2-16GB", torch.bfloat16) is None  # no bf16 units
-    assert T.peak_tflops("Tesla T4", torch.bfloat16) is None
-
-
 def test_cpu_defaults_are_float32_and_eager():
     assert T.autocast_dtype(T.TrainConfig(), torch.device("cpu")) == torch.float32
     with pytest.raises(ValueError, match="auto, bfloat16 or float32"):
@@ -113,7 +101,7 @@ def test_training_lowers_the_loss_and_records_history(data, tmp_path):
     assert result.step == 60 and h["step"] == list(range(60)) and len(h["loss"]) == len(h["lr"]) == 60
     assert h["eval_step"] == [0, 30, 60]
     assert h["val_loss"][-1] < h["val_loss"][0] - 0.8
-    assert result.tokens_per_s > 0 and result.mfu is None  # no peak known for a CPU
+    assert result.tokens_per_s > 0 and result.tflops > 0
     ckpt = T.load_checkpoint(tmp_path / T.CHECKPOINT)  # weights_only=True
     assert ckpt["step"] == 60 and ckpt["tokenizer"] == {"kind": "char", "chars": "".join(tok.chars)}
     assert not list(tmp_path.glob("*.tmp"))

@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
+from course_tools import tuning
 from course_tools.commands import USER_ERRORS, fail
-from course_utils import data, gpt, runtime, train
+from course_utils import counting, data, gpt, train
 from course_utils.bpe import BPETokenizer
-from course_utils.cpu_threads import ThreadTuner
 from course_utils.tokenize import CharTokenizer, Tokenizer, load_tokenizer
 
 PROG = "course train"
@@ -42,7 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the model (default: on CUDA; on a CPU when --time-budget is at least "
-                   f"{train.CPU_COMPILE_BREAK_EVEN:.0f} s, where the faster steps repay the compile time)")
+                   f"{tuning.CPU_COMPILE_BREAK_EVEN:.0f} s, where the faster steps repay the compile time)")
     p.add_argument("--threads", type=int, help="CPU threads for PyTorch (default on a CPU: measured: a few steps on "
                    "one thread and on all cores, the faster kept, back to one thread if other processes take a core)")
     p.add_argument("--out", help="folder for ckpt.pt (default runs/CONFIG)")
@@ -113,8 +111,9 @@ def overrides(args: argparse.Namespace) -> dict:
     return given
 
 
-def prepare(args: argparse.Namespace) -> Job:
-    """Read the corpus, then build (or restore from OUT/ckpt.pt) the tokenizer, model and configs."""
+def prepare(args: argparse.Namespace, where: train.Dist) -> Job:
+    """Read the corpus, then build (or restore from OUT/ckpt.pt) the tokenizer, model and configs;
+    whether to compile, when ``--compile`` is not given, follows ``tuning.compile_default``."""
     out = Path(args.out or Path("runs") / args.config)
     text = read_corpus(args.data)
     changes = overrides(args)
@@ -129,8 +128,10 @@ def prepare(args: argparse.Namespace) -> Job:
     else:
         train_text, _ = data.train_val_split(text)
         tokenizer = build_tokenizer(args.tokenizer, train_text if args.tokenizer == "bpe" else text, args.bpe_vocab)
-        mcfg = train.model_config(args.config, tokenizer.vocab_size)
+        mcfg = gpt.GPTConfig.preset(args.config, vocab_size=tokenizer.vocab_size)
         cfg = train.TrainConfig(**{**asdict(train.TrainConfig.preset(args.config)), **changes})
+    if cfg.compile is None:
+        cfg.compile = tuning.compile_default(cfg.time_budget, where.device)
     tokens = torch.tensor(tokenizer.encode(text), dtype=torch.long)
     train_data, val_data = data.train_val_split(tokens)
     check_long_enough(args.data, len(tokens), len(val_data), mcfg.max_len)
@@ -138,7 +139,7 @@ def prepare(args: argparse.Namespace) -> Job:
     return Job(gpt.GPT(mcfg), train_data, val_data, cfg, tokenizer, resume, out)
 
 
-def summary(job: Job, result: train.TrainResult) -> str:
+def summary(job: Job, result: train.TrainResult, where: train.Dist) -> str:
     """The closing line: losses, time, speed (or why there is none), and where the checkpoint is."""
     losses = (f"step {result.step}: val loss {result.val_loss:.4f} (train {result.history['train_loss'][-1]:.4f}) "
               f"in {result.elapsed:.1f} s")
@@ -148,39 +149,32 @@ def summary(job: Job, result: train.TrainResult) -> str:
                f"the run had already reached {job.cfg.max_iters} steps; raise --max-iters to continue")
         speed = f"no training step ran ({why})"
     else:
-        mfu = f"{100 * result.mfu:.1f}%" if result.mfu is not None else "n/a (unknown peak)"
+        utilisation = tuning.mfu(result.tflops, where.device, train.autocast_dtype(job.cfg, where.device))
+        mfu = f"{100 * utilisation:.1f}%" if utilisation is not None else "n/a (unknown peak)"
         speed = f"{result.tokens_per_s:,.0f} tokens/s, {result.tflops:.3g} TFLOP/s, MFU {mfu}"
     return f"{losses}; {speed}; checkpoint {job.out / train.CHECKPOINT}"
 
 
 def run(args: argparse.Namespace) -> int:
-    """``course train``: prepare everything from the arguments, train, report."""
-    tuner = None
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    elif runtime.device().type == "cpu":
-        cores = torch.get_num_threads()  # PyTorch's default: one per physical core
-        alone = int(os.environ.get("WORLD_SIZE", "1")) == 1
-        if cores >= 2 and alone:
-            tuner = ThreadTuner(cores)  # starts on one thread and measures
-        else:
-            torch.set_num_threads(train.CPU_THREADS)
+    """``course train``: the processes and threads (``tuning``), then everything else from the
+    arguments; train; report; leave the process group."""
+    where = tuning.setup_distributed()
     try:
-        job = prepare(args)
+        tuner = tuning.choose_threads(args.threads, where)
+        job = prepare(args, where)
     except USER_ERRORS as err:
+        tuning.close_distributed()
         return fail(PROG, err)
-    where = train.setup_distributed()
     if where.is_main:
-        print(f"{args.config}: {gpt.count_params(job.model.config):,} parameters, {job.tokenizer!r}, "
+        print(f"{args.config}: {counting.count_params(job.model.config):,} parameters, {job.tokenizer!r}, "
               f"{len(job.train_data):,} train / {len(job.val_data):,} val tokens, "
               f"{where.world_size} process(es) on {where.device}")
     result = train.train(job.model, job.train_data, job.val_data, job.cfg, tokenizer=job.tokenizer, out_dir=job.out,
-                         resume=job.resume, progress=not args.quiet, threads=tuner)
+                         resume=job.resume, progress=not args.quiet, where=where,
+                         on_step=None if tuner is None else tuner.observe)
     if where.is_main:
         if tuner is not None:
             print("threads: " + "; then ".join(tuner.log or ["1 (too few steps to measure)"]))
-        print(summary(job, result))
-    if dist.is_initialized():
-        dist.barrier()  # every rank done (rank 0 was writing the checkpoint) before tearing down
-        dist.destroy_process_group()
+        print(summary(job, result, where))
+    tuning.close_distributed()
     return 0

@@ -9,7 +9,8 @@ import torch
 from course_tools.checks import Case, exercise, question
 from course_tools.references._shared import close, known_wrong
 from course_utils import blocks
-from course_utils.blocks import FeedForward, block_parameter_count
+from course_utils.blocks import FeedForward
+from course_utils.counting import block_parameter_count
 from course_utils.cpu_threads import torch_threads
 
 SHAPES = [(1, 1, 4), (2, 3, 8), (3, 5, 16)]

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from course_tools.checks import Case, exercise, question
 from course_tools.references._shared import close, known_wrong
-from course_utils.blocks import TransformerBlock
+from course_utils.blocks import make_block
 from course_utils.cpu_threads import torch_threads
 from course_utils.encoder import (
     POSITION_IDS_KEY,
@@ -110,7 +110,7 @@ def _block_cases(gen: torch.Generator) -> list[Case]:
 
 def _reference_block(x, attention_mask, weights, n_heads, norm_first=False, use_mask=True, activation="gelu"):
     d, f = x.shape[-1], weights["ffn.W_in.weight"].shape[0]
-    block = TransformerBlock(d, n_heads, f, activation=activation, norm_first=norm_first, eps=EPS)
+    block = make_block(d, n_heads, f, activation=activation, norm_first=norm_first, eps=EPS)
     block.load_state_dict(weights)
     with torch.no_grad():
         return block.eval()(x, mask=_extended_mask(attention_mask) if use_mask else None)

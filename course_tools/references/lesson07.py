@@ -18,8 +18,9 @@ from course_tools.checks import Case, exercise, question
 from course_tools.references._shared import attention_weights, close, known_wrong
 from course_utils import pretrained
 from course_utils.attention import merge_heads, scaled_dot_product_attention, split_heads
+from course_utils.counting import count_params
 from course_utils.generate import top_k_filter, top_p_filter
-from course_utils.gpt import GPTConfig, count_params
+from course_utils.gpt import GPTConfig
 from course_utils.sampling import inverse_cdf
 
 # ------------------------------------------------------------------ a causal pre-LN block

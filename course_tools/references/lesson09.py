@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from course_tools.checks import Case, exercise, question
 from course_tools.references._shared import close as _close
 from course_tools.references._shared import known_wrong
-from course_utils.blocks import block_parameter_count
+from course_utils.counting import block_parameter_count
 from course_utils.cpu_threads import torch_threads
 from course_utils.gpt import GPT, GPTConfig
 from course_utils.positional import apply_rope

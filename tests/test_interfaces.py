@@ -1,0 +1,119 @@
+"""CONTRIBUTING's "Interfaces between modules" is checked against the code: every signature written
+there as `module.name(params)` must match the function or class it names (parameter names, their
+order, keyword-only markers and defaults)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SIGNATURE = re.compile(r"`(?P<module>[a-z_]+)\.(?P<name>[A-Za-z_][\w.]*)\((?P<params>[^`]*)\)`")
+
+
+def section() -> str:
+    text = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    start = text.index("## Interfaces between modules")
+    return text[start:text.index("\n## ", start + 1) if "\n## " in text[start + 1:] else len(text)]
+
+
+def is_ours(module: str) -> bool:
+    return any((ROOT / package / f"{module}.py").is_file() for package in ("course_utils", "course_tools"))
+
+
+def documented() -> list[tuple[str, str, str]]:
+    """(module, name, parameters) of every signature of one of our modules (``torch.…`` is not ours)."""
+    return [(m["module"], m["name"], m["params"]) for m in SIGNATURE.finditer(section()) if is_ours(m["module"])]
+
+
+def resolve(module: str, name: str):
+    for package in ("course_utils", "course_tools"):
+        try:
+            obj = importlib.import_module(f"{package}.{module}")
+        except ModuleNotFoundError:
+            continue
+        for part in name.split("."):
+            obj = getattr(obj, part)
+        return obj
+    raise AssertionError(f"no module course_utils.{module} or course_tools.{module}")
+
+
+def split_params(text: str) -> list[str]:
+    """Top-level commas only (defaults may hold calls or tuples)."""
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    return [p for p in [*parts, current.strip()] if p]
+
+
+def same_default(written: str, actual: object) -> bool:
+    try:
+        return ast.literal_eval(written) == actual
+    except ValueError:  # a name: a function, or the CPU device of Dist's default
+        return written in (getattr(actual, "__name__", None), str(actual))
+
+
+def check(module: str, name: str, params: str) -> list[str]:
+    obj = resolve(module, name)
+    sig = inspect.signature(obj.__init__ if inspect.isclass(obj) else obj)
+    actual = [p for p in sig.parameters.values() if p.name != "self"]
+    written = split_params(params)
+    problems = []
+    i = 0
+    for item in written:
+        if item == "*":
+            if i >= len(actual) or actual[i].kind is not inspect.Parameter.KEYWORD_ONLY:
+                problems.append("'*' where the code has no keyword-only parameters")
+            continue
+        if i >= len(actual):
+            problems.append(f"{item!r} is not a parameter")
+            continue
+        p = actual[i]
+        i += 1
+        if item.startswith("**"):
+            if p.kind is not inspect.Parameter.VAR_KEYWORD or item[2:] != p.name:
+                problems.append(f"{item!r} vs {p}")
+            continue
+        pname, _, default = item.partition("=")
+        if pname != p.name:
+            problems.append(f"parameter {pname!r} is {p.name!r} in the code")
+        elif default and (p.default is inspect.Parameter.empty or not same_default(default, p.default)):
+            problems.append(f"{pname}={default} but the code has {p.name}={p.default!r}")
+        elif not default and p.default is not inspect.Parameter.empty:
+            problems.append(f"{pname} has the default {p.default!r} in the code")
+        elif p.kind is inspect.Parameter.KEYWORD_ONLY and "*" not in written[:written.index(item)]:
+            problems.append(f"{pname} is keyword-only in the code: write '*' before it")
+    problems += [f"{p.name} is missing" for p in actual[i:]]
+    return problems
+
+
+def test_the_section_documents_the_model_library():
+    names = {f"{m}.{n}" for m, n, _ in documented()}
+    for expected in ("attention.MultiHeadAttention", "blocks.TransformerBlock", "config.GPTConfig", "gpt.GPT",
+                     "counting.count_params", "train.train", "convert.from_hf", "tuning.choose_threads"):
+        assert expected in names
+    assert len(names) >= 50
+
+
+@pytest.mark.parametrize(("module", "name", "params"), documented(), ids=lambda v: v if "(" not in v else "")
+def test_documented_signature_matches_the_code(module, name, params):
+    assert check(module, name, params) == [], f"CONTRIBUTING: {module}.{name}({params})"
+
+
+def test_the_checker_finds_drift():
+    assert check("attention", "causal_mask", "T, S=None") == ["device is missing"]
+    assert check("attention", "causal_mask", "T, S=3, device=None") == ["S=3 but the code has S=None"]
+    assert check("counting", "block_parameter_count",
+                 "d_model, d_ff=None, activation='gelu', bias=True, n_heads=1, n_kv_heads=None, norm='layernorm'") \
+        == [f"{name} is keyword-only in the code: write '*' before it" for name in ("n_heads", "n_kv_heads", "norm")]
