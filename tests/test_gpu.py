@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_utils import gpt, runtime, train
+from course_tools import tuning
+from course_utils import counting, gpt, runtime, train
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVICE = runtime.device()
@@ -102,8 +103,8 @@ def test_fused_adamw_step_on_cuda_equals_the_loop():
 @needs_cuda
 def test_ddp_with_nccl_on_one_process_under_torchrun(tmp_path):
     code = ("import torch.distributed as dist\n"
-            "from course_utils import train\n"
-            "where = train.setup_distributed()\n"
+            "from course_tools import tuning\n"
+            "where = tuning.setup_distributed()\n"
             "assert dist.get_backend() == 'nccl', dist.get_backend()\n"
             "assert where.device.type == 'cuda' and where.world_size == 1\n"
             "dist.destroy_process_group()\n")
@@ -142,26 +143,27 @@ assert whole.history["loss"] == resumed.history["loss"], (whole.history["loss"],
 def test_mfu_arithmetic_uses_the_dense_bf16_peak():
     """The H200's and H100 SXM's dense bf16 peak is 989 TFLOP/s (data sheets headline twice that,
     with 2:4 sparsity); MFU = tokens/s × training FLOPs per token / peak."""
-    assert train.peak_tflops("NVIDIA H200", torch.bfloat16) == 989.0
-    assert train.peak_tflops("NVIDIA H100 80GB HBM3", torch.bfloat16) == 989.0
-    assert train.peak_tflops("NVIDIA H100 PCIe", torch.bfloat16) == 756.0
-    assert train.peak_tflops("NVIDIA A100-SXM4-80GB", torch.bfloat16) == 312.0
-    assert train.peak_tflops("Tesla T4", torch.bfloat16) is None  # no bf16 units
+    assert tuning.peak_tflops("NVIDIA H200", torch.bfloat16) == 989.0
+    assert tuning.peak_tflops("NVIDIA H100 80GB HBM3", torch.bfloat16) == 989.0
+    assert tuning.peak_tflops("NVIDIA H100 PCIe", torch.bfloat16) == 756.0
+    assert tuning.peak_tflops("NVIDIA A100-SXM4-80GB", torch.bfloat16) == 312.0
+    assert tuning.peak_tflops("Tesla T4", torch.bfloat16) is None  # no bf16 units
     config = gpt.GPTConfig.preset("gpt2")
-    n = gpt.count_params(config)
-    per_token = gpt.flops_per_token(config, 1024, training=True)
+    n = counting.count_params(config)
+    per_token = counting.flops_per_token(config, 1024, training=True)
     assert per_token == 6 * n + 12 * config.n_layers * 1024 * config.d_model
     tokens_per_s = 500_000
-    mfu = tokens_per_s * per_token / (train.peak_tflops("NVIDIA H200", torch.bfloat16) * 1e12)
+    mfu = tokens_per_s * per_token / (tuning.peak_tflops("NVIDIA H200", torch.bfloat16) * 1e12)
     assert round(mfu, 4) == round(tokens_per_s * (6 * 124_439_808 + 12 * 12 * 1024 * 768) / 989e12, 4)
 
 
 @needs_cuda
-def test_train_reports_mfu_on_cuda():
+def test_mfu_of_a_cuda_run_divides_by_the_devices_peak():
     result = train.train(gpt.GPT(SMALL), _data(), _data(),
                          train.TrainConfig(batch_size=4, max_iters=30, eval_interval=30, eval_iters=2,
                                            log_interval=5), progress=False)
-    known = train.peak_tflops(torch.cuda.get_device_name(DEVICE), torch.bfloat16)
-    assert (result.mfu is not None) == (known is not None)
+    known = tuning.peak_tflops(torch.cuda.get_device_name(DEVICE), torch.bfloat16)
+    mfu = tuning.mfu(result.tflops, DEVICE, torch.bfloat16)
+    assert result.tflops > 0 and (mfu is not None) == (known is not None)
     if known:
-        assert result.mfu == pytest.approx(result.tflops / known)
+        assert mfu == pytest.approx(result.tflops / known)

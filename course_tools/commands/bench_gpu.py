@@ -13,7 +13,7 @@ matmuls, ``torch.compile`` and fused AdamW, at the largest micro-batch that fits
 They are timed in one process and interleaved (a few steps of each in turn, the order rotating),
 so a change in clocks or a neighbour affects all alike; each speed is the median over rounds, and
 each ratio the median of the per-round ratios (the course's GPT over the other; above 1, ours is
-faster). MFU is the achieved FLOP/s (6N + 12·L·T·d per token, ``gpt.flops_per_token``) over the
+faster). MFU is the achieved FLOP/s (6N + 12·L·T·d per token, ``counting.flops_per_token``) over the
 device's dense bf16 peak.
 
 ``--dry-run`` runs the same code on the CPU at a tiny size in float32 without compiling (each
@@ -33,8 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from course_tools import tuning
 from course_tools.commands.bench import BenchSize
-from course_utils import gpt, runtime, train
+from course_utils import counting, gpt, runtime, train
 
 GPT2_SMALL = BenchSize("gpt2", 12, 768, 12, 1024, batch_size=0, vocab_size=50_304)  # batch: measured
 DRY_RUN = BenchSize("tiny", 2, 32, 2, 16, batch_size=0, vocab_size=65)
@@ -206,9 +207,9 @@ def run(contenders: list[Contender], s: Setting, rounds: int = 5, steps: int = 1
         for name in names[r % len(names):] + names[:r % len(names)]:
             trainer = trainers[name]
             speeds[name].append(steps * trainer.tokens_per_step / trainer.steps(steps))
-    flops = gpt.flops_per_token(gpt.GPTConfig(s.size.vocab_size, s.size.max_len, s.size.n_layers,
+    flops = counting.flops_per_token(gpt.GPTConfig(s.size.vocab_size, s.size.max_len, s.size.n_layers,
                                               s.size.n_heads, s.size.d_model), s.size.max_len, training=True)
-    peak = train.peak_tflops(torch.cuda.get_device_name(s.device), s.dtype) if s.device.type == "cuda" else None
+    peak = tuning.peak_tflops(torch.cuda.get_device_name(s.device), s.dtype) if s.device.type == "cuda" else None
     rows = []
     for name, values in speeds.items():
         speed = statistics.median(values)
