@@ -160,8 +160,8 @@ def lm_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def shifted_windows(data: torch.Tensor, starts: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """data (N,), starts (B,) -> x (B, T) = data[s : s+T], y (B, T) = data[s+1 : s+T+1] for each start s."""
-    windows = data[starts[:, None] + torch.arange(block_size + 1)]  # (B, T + 1)
-    return windows[:, :-1], windows[:, 1:]
+    spans = data[starts[:, None] + torch.arange(block_size + 1)]  # (B, T + 1)
+    return spans[:, :-1], spans[:, 1:]
 
 
 # ---------------------------------------------------------------------------------------------

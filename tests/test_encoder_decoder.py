@@ -112,6 +112,19 @@ def test_cross_attention_takes_queries_from_x_and_keys_values_from_memory():
         attn(x)
 
 
+def test_cross_attention_is_its_own_module_with_the_layout_of_multi_head_attention():
+    from course_utils.attention import MultiHeadAttention
+
+    torch.manual_seed(1)
+    mha, cross = MultiHeadAttention(12, 3).eval(), CrossAttention(12, 3).eval()
+    assert not isinstance(cross, MultiHeadAttention)
+    cross.load_state_dict(mha.state_dict())  # the same names and shapes: W_Q, W_K, W_V, W_O
+    x = torch.randn(2, 5, 12)
+    assert torch.allclose(cross(x, x), mha(x), atol=1e-6)  # memory = x: self-attention
+    with pytest.raises(ValueError, match="d_model=10 is not divisible by n_heads=3"):
+        CrossAttention(10, 3)
+
+
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_decoder_block_order_of_sublayers(norm_first):
     torch.manual_seed(1)

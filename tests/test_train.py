@@ -308,3 +308,34 @@ def test_checkpoint_stores_the_tokenizer_through_its_interface(data, tmp_path):
         T.train(tiny(tok.vocab_size), train_data, val_data, cfg(max_iters=1), tokenizer=object(), progress=False)
     with pytest.raises(FileNotFoundError, match="train first"):
         T.load_checkpoint("/nonexistent/ckpt.pt")
+
+
+def test_without_validation_data_nothing_is_evaluated(data):
+    tok, train_data, _ = data
+    result = T.train(tiny(tok.vocab_size), train_data, None, cfg(max_iters=12, eval_interval=5), progress=False)
+    assert result.step == 12 and result.history["eval_step"] == [] and math.isnan(result.val_loss)
+    assert len(result.history["loss"]) == 12
+
+
+def test_data_must_be_token_ids_or_a_batch_function(data):
+    tok, _, _ = data
+    with pytest.raises(ValueError, match="1-D tensor of token ids, got shape \\(3, 40\\); or pass a function"):
+        T.train(tiny(tok.vocab_size), torch.zeros(3, 40, dtype=torch.long), None, cfg(max_iters=1), progress=False)
+
+
+def test_a_batch_function_and_a_loss_function_train_any_model():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    target = torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+
+    def draw(gen):
+        x = torch.randn(16, 4, generator=gen)
+        return x, x @ target
+
+    def mse(m, x, y):
+        return torch.nn.functional.mse_loss(m(x), y)
+
+    result = T.train(model, draw, draw, cfg(max_iters=200, lr=5e-2, min_lr=5e-3, eval_interval=100, eval_iters=4,
+                                           weight_decay=0.0), loss_fn=mse, where=T.Dist(), progress=False)
+    assert result.history["val_loss"][-1] < 0.01 * result.history["val_loss"][0]
+    assert math.isnan(result.tflops) and result.tokens_per_s > 0  # not a GPT: no FLOPs counted
