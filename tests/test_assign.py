@@ -148,6 +148,7 @@ def nbgrader_course(tmp_path_factory):
         pytest.fail(f"CI must run nbgrader: {_nbgrader_problem()}")
     course = tmp_path_factory.mktemp("nbgrader-course")
     assert main(["assign", "--root", str(ROOT), "--nbgrader", str(course)]) == 0
+    nbgrader(course, "generate_assignment", "*", "--force")  # every lesson, in one nbgrader run
     return course
 
 
@@ -156,7 +157,6 @@ def nbgrader_course(tmp_path_factory):
 def test_nbgrader_releases_exactly_the_exercises(nbgrader_course, lesson):
     """What nbgrader hands out equals exercises/ in every cell a student sees: no "Why this answer"
     note, the self-check placeholders kept (not `raise NotImplementedError()`), no stored-outputs claim."""
-    nbgrader(nbgrader_course, "generate_assignment", lesson, "--force")
     released = nbformat.read(nbgrader_course / "release" / lesson / f"{lesson}.ipynb", as_version=4)
     exercise = nbformat.read(ROOT / "exercises" / f"{lesson}.ipynb", as_version=4)
     assert [(c.cell_type, c.source) for c in released.cells] == [(c.cell_type, c.source) for c in exercise.cells]
@@ -168,7 +168,6 @@ def test_nbgrader_releases_exactly_the_exercises(nbgrader_course, lesson):
 @needs_nbgrader
 def test_nbgrader_autograde_scores_a_solution_full_and_a_fresh_exercise_zero(nbgrader_course):
     lesson = "00_setup"
-    nbgrader(nbgrader_course, "generate_assignment", lesson, "--force")
     for student, folder in (("ann", "solutions"), ("bob", "exercises")):
         (nbgrader_course / "submitted" / student / lesson).mkdir(parents=True)
         shutil.copyfile(ROOT / folder / f"{lesson}.ipynb", nbgrader_course / "submitted" / student / lesson /
