@@ -7,6 +7,10 @@ cell metadata is kept, and the notebook records which lesson it is for the grade
 A region of top-level assignments only (a question's answer, ``name = value``) becomes
 ``name = ...`` instead, so the student notebook still runs from top to bottom; cells tagged
 ``solution-note`` (the explanations of the answers) are dropped.
+
+``course assign --nbgrader DIR`` also lays out an nbgrader course folder (``nbgrader_config.py`` and
+``source/NN_topic/NN_topic.ipynb``) whose ``nbgrader generate_assignment`` releases the same student
+notebooks (``course_tools.nbgrader_release``).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import copy
 import re
+import shutil
 from pathlib import Path
 
 import nbformat
@@ -115,9 +120,38 @@ def write_all(solutions: Path, exercises: Path) -> list[Path]:
     return written
 
 
+def write_nbgrader(solutions: Path, course: Path) -> list[Path]:
+    """An nbgrader course folder at ``course``: ``nbgrader_config.py`` (the course's release
+    preprocessors; an existing config of your own is left alone, with an error naming the two lines
+    to add) and ``source/NN_topic/NN_topic.ipynb``, every solutions notebook as nbgrader's source."""
+    from course_tools.nbgrader_release import CONFIG
+
+    course.mkdir(parents=True, exist_ok=True)
+    config = course / "nbgrader_config.py"
+    if config.exists() and not config.read_text().startswith(CONFIG.splitlines()[0]):
+        raise AssignError(f"{config} is your own: add `from course_tools.nbgrader_release import "
+                          "generate_assignment_preprocessors` and `c.GenerateAssignment.preprocessors = "
+                          "generate_assignment_preprocessors()` to it, or pass another folder")
+    config.write_text(CONFIG)
+    written = [config]
+    for src in sorted(solutions.glob("*.ipynb")):
+        dest = course / "source" / lesson_of(src) / src.name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dest)
+        written.append(dest)
+    return written
+
+
 def main(args: argparse.Namespace) -> int:
     root = Path(args.root)
-    for path in write_all(root / "solutions", root / "exercises"):
+    written = write_all(root / "solutions", root / "exercises")
+    if args.nbgrader:
+        try:
+            written += write_nbgrader(root / "solutions", Path(args.nbgrader))
+        except (AssignError, ImportError) as exc:
+            fix = "; install it with pip install -e '.[grading]'" if isinstance(exc, ImportError) else ""
+            raise SystemExit(f"course assign: {exc}{fix}") from None
+    for path in written:
         print(f"wrote {path.relative_to(root) if path.is_relative_to(root) else path}")
     return 0
 
@@ -125,4 +159,6 @@ def main(args: argparse.Namespace) -> int:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("assign", help="generate exercises/ from solutions/ (solution regions become stubs)")
     p.add_argument("--root", default=".", help="course folder holding solutions/ and exercises/ (default: .)")
+    p.add_argument("--nbgrader", metavar="DIR", help="also lay out an nbgrader course folder in DIR whose "
+                   "`nbgrader generate_assignment NN_topic` releases exactly exercises/NN_topic.ipynb")
     p.set_defaults(func=main)

@@ -1,6 +1,11 @@
 """The exercise pipeline: exercises/ is exactly what `course assign` makes of solutions/."""
 
+import csv
 import filecmp
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -8,6 +13,8 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from course_tools import assign
+from course_tools.cli import main
+from course_tools.grading import submission as reading
 
 ROOT = Path(__file__).resolve().parent.parent
 ANSWER = {"grade": False, "solution": True, "locked": False, "grade_id": "f", "schema_version": 3}
@@ -110,3 +117,77 @@ def test_solution_notes_are_dropped_for_students():
     for path in (ROOT / "exercises").glob("*.ipynb"):
         cells = nbformat.read(path, as_version=4).cells
         assert not any(assign.NOTE_TAG in c.metadata.get("tags", []) for c in cells), path.name
+
+
+# --- nbgrader: its release is exercises/, its autograde scores like course grade -----------------------
+
+def _nbgrader_problem() -> str | None:
+    try:
+        import nbgrader  # noqa: F401
+    except ImportError:
+        return "nbgrader is not installed (pip install -e '.[grading]')"
+    return None
+
+
+needs_nbgrader = pytest.mark.skipif(_nbgrader_problem() is not None and not os.environ.get("CI"),
+                                    reason=str(_nbgrader_problem()))
+
+
+def nbgrader(course: Path, *args: str) -> None:
+    """Run nbgrader for real, in ``course`` (where `course assign --nbgrader` put its config)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COURSE_MODE": "smoke", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env, capture_output=True,
+                          text=True, timeout=600)
+    errors = [line for line in done.stderr.splitlines() if "| ERROR]" in line or "Traceback" in line]
+    assert done.returncode == 0 and not errors, done.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def nbgrader_course(tmp_path_factory):
+    if _nbgrader_problem():
+        pytest.fail(f"CI must run nbgrader: {_nbgrader_problem()}")
+    course = tmp_path_factory.mktemp("nbgrader-course")
+    assert main(["assign", "--root", str(ROOT), "--nbgrader", str(course)]) == 0
+    nbgrader(course, "generate_assignment", "*", "--force")  # every lesson, in one nbgrader run
+    return course
+
+
+@needs_nbgrader
+@pytest.mark.parametrize("lesson", sorted(p.stem for p in (ROOT / "exercises").glob("*.ipynb")))
+def test_nbgrader_releases_exactly_the_exercises(nbgrader_course, lesson):
+    """What nbgrader hands out equals exercises/ in every cell a student sees: no "Why this answer"
+    note, the self-check placeholders kept (not `raise NotImplementedError()`), no stored-outputs claim."""
+    released = nbformat.read(nbgrader_course / "release" / lesson / f"{lesson}.ipynb", as_version=4)
+    exercise = nbformat.read(ROOT / "exercises" / f"{lesson}.ipynb", as_version=4)
+    assert [(c.cell_type, c.source) for c in released.cells] == [(c.cell_type, c.source) for c in exercise.cells]
+    assert [c.get("outputs", []) for c in released.cells] == [c.get("outputs", []) for c in exercise.cells]
+    assert released.metadata["course"] == exercise.metadata["course"]  # course grade finds the lesson
+    assert not any("**Why this answer.**" in c.source for c in released.cells)
+
+
+@needs_nbgrader
+def test_nbgrader_autograde_scores_a_solution_full_and_a_fresh_exercise_zero(nbgrader_course):
+    lesson = "00_setup"
+    for student, folder in (("ann", "solutions"), ("bob", "exercises")):
+        (nbgrader_course / "submitted" / student / lesson).mkdir(parents=True)
+        shutil.copyfile(ROOT / folder / f"{lesson}.ipynb", nbgrader_course / "submitted" / student / lesson /
+                        f"{lesson}.ipynb")
+    nbgrader(nbgrader_course, "autograde", lesson, "--create")
+    nbgrader(nbgrader_course, "export")
+    with open(nbgrader_course / "grades.csv", newline="") as f:
+        rows = {r["student_id"]: r for r in csv.DictReader(f) if r["assignment"] == lesson}
+    pristine = nbformat.read(ROOT / "exercises" / f"{lesson}.ipynb", as_version=4)
+    automatic = sum(reading.exercise_cells(pristine)[1].values())
+    by_hand = sum(c.metadata["nbgrader"]["points"] for c in pristine.cells
+                  if c.metadata.get("nbgrader", {}).get("grade") and c.metadata["nbgrader"].get("solution"))
+    assert float(rows["ann"]["score"]) == automatic  # every check passes; the explanation waits for a person
+    assert float(rows["bob"]["score"]) == 0
+    assert float(rows["ann"]["max_score"]) == automatic + by_hand  # the maximum course grade reports too
+
+
+def test_an_instructors_own_nbgrader_config_is_left_alone(tmp_path):
+    pytest.importorskip("nbgrader")
+    (tmp_path / "nbgrader_config.py").write_text("c = get_config()\n")
+    with pytest.raises(assign.AssignError, match="is your own"):
+        assign.write_nbgrader(ROOT / "solutions", tmp_path)
+    assert (tmp_path / "nbgrader_config.py").read_text() == "c = get_config()\n"

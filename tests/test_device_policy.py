@@ -2,8 +2,9 @@
 follows it: the lessons, the trainer and ``course sample``. CUDA and MPS are mocked."""
 
 import contextlib
+import functools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -42,12 +43,22 @@ def tf32_restored() -> Iterator[None]:
             setattr(obj, name, value)
 
 
+def stand_in(original: Callable, answer: bool) -> Callable:
+    """A probe that answers ``answer`` and looks like ``original`` (name, ``__wrapped__``): torch >= 2.14
+    builds tables of its own probes (``torch.backends.mps.is_available.__wrapped__``) when
+    ``torch._dynamo`` is first imported, and that import must never meet a bare lambda."""
+    return functools.wraps(original)(lambda *args, **kwargs: answer)
+
+
 @pytest.fixture(params=["cuda", "mps", "cpu"])
 def hardware(request, monkeypatch) -> Iterator[torch.device]:
+    import torch._dynamo  # noqa: F401  (imported with torch's own probes in place; set_up compiles on CUDA)
+
     # plain module functions: monkeypatch restores them from the modules' __dict__
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: request.param == "cuda")
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
-    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: request.param == "mps")
+    monkeypatch.setattr(torch.cuda, "is_available", stand_in(torch.cuda.is_available, request.param == "cuda"))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", stand_in(torch.cuda.is_bf16_supported, True))
+    monkeypatch.setattr(torch.backends.mps, "is_available",
+                        stand_in(torch.backends.mps.is_available, request.param == "mps"))
     monkeypatch.delenv("RANK", raising=False)
     with tf32_restored():
         yield torch.device(request.param)
