@@ -128,8 +128,9 @@ def score(name: str, max_points: float, cases: list[checks.Case], loaded: dict, 
     return ExerciseScore(name, points, max_points, verdict, [o.line for o in outcomes])
 
 
-def score_exercise(name: str, job: Job, files: dict[str, bytes], run: dict, killed: bool) -> ExerciseScore:
-    """Score one exercise from what the sandbox sent back (or did not)."""
+def score_exercise(name: str, job: Job, files: dict[str, bytes], run: dict, killed: bool,
+                   checked: dict[str, dict | results.ContractError]) -> ExerciseScore:
+    """Score one exercise from what the sandbox sent back (or did not), checked by ``results.check_outputs``."""
     max_points = job.points[name]
     if name in job.problems:
         return ExerciseScore(name, 0, max_points, job.problems[name], [f"  ✗ {job.problems[name]}"])
@@ -142,10 +143,9 @@ def score_exercise(name: str, job: Job, files: dict[str, bytes], run: dict, kill
             return ExerciseScore(name, 0, max_points, "timeout", ["  ✗ timed out: the function did not return in time"])
         reason = clean(answer_error or collect_error or "the notebook stopped before this exercise", 300)
         return ExerciseScore(name, 0, max_points, f"error: {reason}", [f"  ✗ {reason}"])
-    try:
-        loaded = results.load_results(data)
-    except results.ContractError as exc:
-        return ExerciseScore(name, 0, max_points, f"error: {exc}", [f"  ✗ {exc}"])
+    loaded = checked[f"{name}.pt"]
+    if isinstance(loaded, results.ContractError):
+        return ExerciseScore(name, 0, max_points, f"error: {loaded}", [f"  ✗ {loaded}"])
     return score(name, max_points, job.cases[name], loaded, answer_error)
 
 
@@ -174,7 +174,9 @@ def grade_parsed(sub: Submission, parsed: submission.Parsed, base: nbformat.Note
     run = channel.run_report(result.files.get("run.json"))
     if result.killed:
         run["status"] = "timeout"
-    sub.exercises = [score_exercise(name, job, result.files, run, result.killed) for name in job.points]
+    outputs = {f"{name}.pt": result.files[f"{name}.pt"] for name in job.points if f"{name}.pt" in result.files}
+    checked = results.check_outputs(outputs, results.caps_for(sub.lesson))
+    sub.exercises = [score_exercise(name, job, result.files, run, result.killed, checked) for name in job.points]
     if "references-import" in result.files or submission.names_references(parsed):
         sub.flags.append(REFERENCE_FLAG)
     sub.status = overall_status(sub, job, run["status"])
