@@ -32,7 +32,8 @@ import nbformat
 import torch
 
 from course_tools import checks
-from course_tools.grading import channel, results, submission
+from course_tools.grading import channel, results, shortcuts, submission
+from course_tools.grading.job import Limits
 from course_tools.grading.report import ExerciseScore, Gradebook, Submission, table
 from course_tools.grading.sandbox import Caps, Sandbox, SandboxError
 from course_tools.grading.submission import SubmissionError
@@ -45,13 +46,6 @@ REFERENCE_FLAG = "tried to use the exercise references"
 SETUP = """import course_tools.grading.kernel_side as _course_grading
 _course_answer = _course_grading.Answerer({jobdir!r}, globals())
 """
-
-
-@dataclass
-class Limits:
-    cell_timeout: int = 60
-    notebook_timeout: int = 600
-    output_cap: int = 100_000
 
 
 @dataclass
@@ -166,19 +160,20 @@ def grade_parsed(sub: Submission, parsed: submission.Parsed, base: nbformat.Note
     jobdir = Path(tempfile.mkdtemp(prefix="course-grade-job-"))
     try:
         job = prepare(base, parsed, jobdir, sandbox.kernel_jobdir(jobdir), seed)
-        settings = {"cell_timeout": limits.cell_timeout, "notebook_timeout": limits.notebook_timeout,
-                    "output_cap": limits.output_cap, **sandbox.job_settings(jobdir)}
-        result = sandbox.run(jobdir, settings, limits.notebook_timeout + WALL_GRACE)
+        result = sandbox.run(jobdir, limits, limits.notebook_timeout + WALL_GRACE, sub.lesson,
+                             shortcuts.pristine_sources(base))
     finally:
         shutil.rmtree(jobdir, ignore_errors=True)
     run = channel.run_report(result.files.get("run.json"))
     if result.killed:
         run["status"] = "timeout"
     outputs = {f"{name}.pt": result.files[f"{name}.pt"] for name in job.points if f"{name}.pt" in result.files}
-    checked = results.check_outputs(outputs, results.caps_for(sub.lesson))
+    checked = results.check_outputs(outputs, results.caps_for(sub.lesson), sandbox.host_paths())
     sub.exercises = [score_exercise(name, job, result.files, run, result.killed, checked) for name in job.points]
-    if "references-import" in result.files or submission.names_references(parsed):
+    if submission.names_references(parsed):
         sub.flags.append(REFERENCE_FLAG)
+    if shortcuts.apply(sub, parsed):
+        sub.flags.append(shortcuts.FLAG)
     sub.status = overall_status(sub, job, run["status"])
 
 
@@ -221,8 +216,8 @@ def submissions(target: Path) -> list[Path]:
 
 
 def make_sandbox(args: argparse.Namespace) -> Sandbox:
-    caps = Caps(memory_mb=args.memory_mb, processes=args.max_processes)
     threads = max(1, (os.cpu_count() or 1) // max(1, args.jobs))
+    caps = Caps(memory_mb=args.memory_mb, processes=args.max_processes, cpus=threads)
     sandbox = Sandbox(caps, enabled=not args.no_sandbox, threads=threads)
     sandbox.check()
     return sandbox
@@ -263,12 +258,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gradebook", metavar="CSV", help="gradebook path (default gradebook.csv for a folder)")
     p.add_argument("--feedback", metavar="DIR", nargs="?", const="feedback",
                    help="write a Markdown report per submission into DIR (default ./feedback)")
-    p.add_argument("--cell-timeout", type=int, default=60, help="seconds per answer cell and per exercise (default 60)")
-    p.add_argument("--notebook-timeout", type=int, default=600, help="seconds per notebook (default 600)")
-    p.add_argument("--output-cap", type=int, default=100_000, help="characters of output kept per notebook")
-    p.add_argument("--memory-mb", type=int, default=4096,
-                   help="memory cap per submission as a whole (cgroup), else per process (default 4096)")
-    p.add_argument("--max-processes", type=int, default=512, help="tasks (processes and threads) per submission")
+    p.add_argument("--cell-timeout", type=int, default=Limits.cell_timeout,
+                   help=f"seconds per answer cell and per exercise (default {Limits.cell_timeout})")
+    p.add_argument("--notebook-timeout", type=int, default=Limits.notebook_timeout,
+                   help=f"seconds per notebook (default {Limits.notebook_timeout})")
+    p.add_argument("--output-cap", type=int, default=Limits.output_cap, help="characters of output kept per notebook")
+    p.add_argument("--memory-mb", type=int, default=Caps.memory_mb,
+                   help=f"memory cap per submission as a whole (cgroup), else per process (default {Caps.memory_mb})")
+    p.add_argument("--max-processes", type=int, default=Caps.processes,
+                   help="tasks (processes and threads) per submission")
     p.add_argument("--jobs", type=int, default=1, help="submissions graded at the same time (default 1)")
     p.add_argument("--seed", type=int, help="fix the random cases (default: fresh each run)")
     p.add_argument("--no-sandbox", action="store_true",

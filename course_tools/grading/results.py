@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import io
 import multiprocessing
-import os
 import resource
 import zipfile
 from dataclasses import dataclass, field
@@ -190,7 +189,15 @@ def _address_space() -> int:
     return 0
 
 
-def _child(connection, files: dict[str, bytes], caps: ResultCaps) -> None:
+def _clean_messages(loaded: dict, hide: list[tuple[str, str]]) -> None:
+    """Replace host paths in the learner's error messages (the case records' "message")."""
+    for record in loaded.get("results", []) if loaded.get("kind") == "cases" else []:
+        if type(record) is dict and type(record.get("message")) is str:
+            for host, neutral in hide:
+                record["message"] = record["message"].replace(host, neutral)
+
+
+def _child(connection, files: dict[str, bytes], caps: ResultCaps, hide: list[tuple[str, str]]) -> None:
     """In the child: limit itself, check every file, send back {name: results | error text} re-saved."""
     limit = _address_space() + caps.check_memory_mb * 2**20
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -200,6 +207,7 @@ def _child(connection, files: dict[str, bytes], caps: ResultCaps) -> None:
     for name, data in files.items():
         try:
             verdicts[name] = load_results(data, caps)
+            _clean_messages(verdicts[name], hide)
         except ContractError as exc:
             verdicts[name] = str(exc)
         except (MemoryError, RecursionError):
@@ -210,13 +218,15 @@ def _child(connection, files: dict[str, bytes], caps: ResultCaps) -> None:
     connection.close()
 
 
-def check_outputs(files: dict[str, bytes], caps: ResultCaps = DEFAULT_CAPS) -> dict[str, dict | ContractError]:
+def check_outputs(files: dict[str, bytes], caps: ResultCaps = DEFAULT_CAPS,
+                  hide: list[tuple[str, str]] = ()) -> dict[str, dict | ContractError]:
     """Each outputs file (by name) checked in a limited child process: its loaded results, or the
-    ContractError that refuses it. A child that runs out of time or memory refuses every file."""
+    ContractError that refuses it. A child that runs out of time or memory refuses every file.
+    ``hide``: (host path, neutral name) pairs replaced in the learner's error messages."""
     if not files:
         return {}
     receive, send = _CONTEXT.Pipe(duplex=False)
-    child = _CONTEXT.Process(target=_child, args=(send, files, caps), daemon=True)
+    child = _CONTEXT.Process(target=_child, args=(send, files, caps, list(hide)), daemon=True)
     child.start()
     send.close()
     raw = None
