@@ -9,8 +9,9 @@ against caps, and each tensor must own its storage exactly (``numel × itemsize`
 overlapping or stride-0 views), so a tensor costs what the file paid for it and is never made
 dense here. Anything else is refused with a one-line status.
 
-``check_outputs`` does all of this in a child process forked from a small server (loaded once),
-under its own memory and CPU-time limits and a wall-clock deadline, so that a file built to cost
+``check_outputs`` does all of this in a child process forked from a small server (started once
+per grading run, torch loaded once), under its own memory and CPU-time limits and a wall-clock
+deadline, so that a file built to cost
 time or memory costs that child, never the grader. What comes back is re-encoded by our own code
 from checked values only.
 """
@@ -18,10 +19,19 @@ from checked values only.
 from __future__ import annotations
 
 import io
-import multiprocessing
+import os
+import pickle
 import resource
+import select
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
 import zipfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -177,13 +187,25 @@ def load_results(data: bytes, caps: ResultCaps = DEFAULT_CAPS) -> dict:
 
 
 # --- the checking child ------------------------------------------------------------------------------
+# A server process (``python -m course_tools.grading.results``, started once, torch loaded once)
+# forks one child per request; the child limits itself, checks, and writes its verdicts back. The
+# server is single-threaded, so forking it is safe, which forking the grader (threads) is not.
 
-_CONTEXT = multiprocessing.get_context("forkserver")
-_CONTEXT.set_forkserver_preload(["__main__", "course_tools.grading.results"])  # children skip re-importing main
+_FRAME = struct.Struct(">Q")
+
+
+def _read_exactly(stream, size: int) -> bytes | None:
+    data = bytearray()
+    while len(data) < size:
+        chunk = stream.read(size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return bytes(data)
 
 
 def _address_space() -> int:
-    for line in open("/proc/self/status").read().splitlines():
+    for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmSize:"):
             return int(line.split()[1]) * 1024
     return 0
@@ -197,12 +219,11 @@ def _clean_messages(loaded: dict, hide: list[tuple[str, str]]) -> None:
                 record["message"] = record["message"].replace(host, neutral)
 
 
-def _child(connection, files: dict[str, bytes], caps: ResultCaps, hide: list[tuple[str, str]]) -> None:
-    """In the child: limit itself, check every file, send back {name: results | error text} re-saved."""
+def _check_here(files: dict[str, bytes], caps: ResultCaps, hide: list[tuple[str, str]]) -> bytes:
+    """In the child: limit itself, check every file, return {name: results | error text}, re-saved."""
     limit = _address_space() + caps.check_memory_mb * 2**20
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     resource.setrlimit(resource.RLIMIT_CPU, (caps.check_cpu_seconds, caps.check_cpu_seconds + 1))
-    torch.set_num_threads(1)
     verdicts: dict[str, Any] = {}
     for name, data in files.items():
         try:
@@ -214,8 +235,97 @@ def _child(connection, files: dict[str, bytes], caps: ResultCaps, hide: list[tup
             verdicts[name] = "results too costly to check (refused)"
     buffer = io.BytesIO()
     torch.save(verdicts, buffer)
-    connection.send_bytes(buffer.getvalue())
-    connection.close()
+    return buffer.getvalue()
+
+
+def _serve_one(request: bytes) -> bytes:
+    """Fork a child for one request and return what it wrote (b"" if it failed or ran out of time)."""
+    files, caps, hide = pickle.loads(request)  # from the grader, which started this server
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        try:
+            reply = _check_here(files, caps, hide)
+            with os.fdopen(write_fd, "wb") as pipe:
+                pipe.write(reply)
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    chunks, kept, complete = [], 0, False
+    deadline = time.monotonic() + caps.check_wall_seconds
+    limit = 2 * sum(map(len, files.values())) + 2**20
+    while (left := deadline - time.monotonic()) > 0:
+        if not select.select([read_fd], [], [], left)[0]:
+            continue
+        chunk = os.read(read_fd, 1 << 16)
+        if not chunk:
+            complete = True
+            break
+        kept += len(chunk)
+        if kept > limit:
+            break
+        chunks.append(chunk)
+    os.close(read_fd)
+    try:  # done writing (or out of time): it has nothing more to do
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    os.waitpid(pid, 0)
+    return b"".join(chunks) if complete else b""  # a reply cut short fails to load in the grader
+
+
+def serve() -> None:
+    """The server loop: frames in on stdin, frames out on stdout, until stdin closes."""
+    torch.set_num_threads(1)
+    source, sink = sys.stdin.buffer, sys.stdout.buffer
+    while (head := _read_exactly(source, _FRAME.size)) is not None:
+        request = _read_exactly(source, _FRAME.unpack(head)[0])
+        if request is None:
+            return
+        reply = _serve_one(request)
+        sink.write(_FRAME.pack(len(reply)) + reply)
+        sink.flush()
+
+
+class _Server:
+    """The grader's handle on the checking server: started on first use, restarted if it dies or hangs."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> subprocess.Popen:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen([sys.executable, "-m", "course_tools.grading.results"],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        return self.proc
+
+    def ask(self, request: bytes, wait: float) -> bytes:
+        with self.lock:
+            proc = self.start()
+            try:
+                proc.stdin.write(_FRAME.pack(len(request)) + request)
+                proc.stdin.flush()
+                if select.select([proc.stdout], [], [], wait)[0]:
+                    head = _read_exactly(proc.stdout, _FRAME.size)
+                    if head is not None:
+                        return _read_exactly(proc.stdout, _FRAME.unpack(head)[0]) or b""
+            except OSError:
+                pass
+            proc.kill()  # hung or gone: the next request starts a fresh one
+            proc.wait()
+            self.proc = None
+            return b""
+
+
+_SERVER = _Server()
+
+
+def warm_up() -> None:
+    """Start the checking server now (it loads torch), so the first submission does not wait for it."""
+    with _SERVER.lock:
+        _SERVER.start()
 
 
 def check_outputs(files: dict[str, bytes], caps: ResultCaps = DEFAULT_CAPS,
@@ -225,33 +335,26 @@ def check_outputs(files: dict[str, bytes], caps: ResultCaps = DEFAULT_CAPS,
     ``hide``: (host path, neutral name) pairs replaced in the learner's error messages."""
     if not files:
         return {}
-    receive, send = _CONTEXT.Pipe(duplex=False)
-    child = _CONTEXT.Process(target=_child, args=(send, files, caps, list(hide)), daemon=True)
-    child.start()
-    send.close()
-    raw = None
-    try:
-        if receive.poll(caps.check_wall_seconds):
-            raw = receive.recv_bytes(maxlength=2 * sum(map(len, files.values())) + 2**20)
-    except (EOFError, OSError):
-        raw = None
-    finally:
-        receive.close()
-        if child.is_alive():
-            child.kill()
-        child.join()
-    if raw is None:
-        failure = ContractError("results too costly to check (refused)")
+    raw = _SERVER.ask(pickle.dumps((files, caps, list(hide))), caps.check_wall_seconds + 60)
+    failure = ContractError("results too costly to check (refused)")
+    if not raw:
         return {name: failure for name in files}
-    verdicts = torch.load(io.BytesIO(raw), weights_only=True)  # our child's re-encoding, walked once more
+    try:
+        verdicts = torch.load(io.BytesIO(raw), weights_only=True)  # our child's re-encoding, walked once more
+    except Exception:  # a child that died mid-write
+        verdicts = None
     checked: dict[str, dict | ContractError] = {}
     for name in files:
         verdict = verdicts.get(name) if type(verdicts) is dict else None
         try:
             if type(verdict) is not dict:
-                raise ContractError(verdict[:300] if type(verdict) is str else "results too costly to check (refused)")
+                raise ContractError(verdict[:300] if type(verdict) is str else str(failure))
             _Walk(caps).check(verdict)
             checked[name] = verdict
         except ContractError as exc:
             checked[name] = exc
     return checked
+
+
+if __name__ == "__main__":
+    serve()

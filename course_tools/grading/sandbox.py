@@ -35,7 +35,7 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-from course_tools.grading import channel, export, seccomp
+from course_tools.grading import channel, export, results, seccomp
 from course_tools.grading.job import JobSpec, Limits
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -257,6 +257,7 @@ class Sandbox:
 
     def check(self) -> None:
         """Make one sandbox that runs this Python, and probe for a cgroup; raise SandboxError naming the fix."""
+        results.warm_up()  # the checking server loads torch while the sandbox is probed
         probe = Cgroup.create(f"course-grade-probe-{os.getpid()}", self.caps)
         self.limiter = f"cgroup v{probe.version}" + ("" if probe.cpu else " (no cpu controller)") if probe else "rlimits"
         if probe:
