@@ -134,18 +134,21 @@ class _Walk:
             if len(value) > 1000:
                 raise ContractError("result string too long")
         elif kind in (list, tuple, dict):
-            if len(value) > self.caps.items:
-                raise ContractError("result with too many items")
-            if value:
-                self.once(value)
-            if kind is dict:
-                if not all(type(k) is str and len(k) <= 100 for k in value):
-                    raise ContractError("result dict with keys other than short strings")
-                value = value.values()
-            for item in value:
-                self.check(item, depth + 1)
+            self.container(value, depth)
         else:
             raise ContractError(f"result of an unsupported type ({kind.__name__})")
+
+    def container(self, value: list | tuple | dict, depth: int) -> None:
+        if len(value) > self.caps.items:
+            raise ContractError("result with too many items")
+        if value:
+            self.once(value)
+        if type(value) is dict:
+            if not all(type(k) is str and len(k) <= 100 for k in value):
+                raise ContractError("result dict with keys other than short strings")
+            value = value.values()
+        for item in value:
+            self.check(item, depth + 1)
 
     def tensor(self, value: torch.Tensor) -> None:
         if value.dtype not in RESULT_DTYPES or value.dim() > 8 or value.is_sparse or value.requires_grad:

@@ -259,8 +259,9 @@ class Sandbox:
         """Make one sandbox that runs this Python, and probe for a cgroup; raise SandboxError naming the fix."""
         results.warm_up()  # the checking server loads torch while the sandbox is probed
         probe = Cgroup.create(f"course-grade-probe-{os.getpid()}", self.caps)
-        self.limiter = f"cgroup v{probe.version}" + ("" if probe.cpu else " (no cpu controller)") if probe else "rlimits"
+        self.limiter = "rlimits"
         if probe:
+            self.limiter = f"cgroup v{probe.version}" + ("" if probe.cpu else " (no cpu controller)")
             probe.remove()
         try:
             self.export(None)
@@ -366,7 +367,7 @@ class Sandbox:
                 if fd >= 0:
                     os.close(fd)
 
-    def job_spec(self, jobdir: Path, limits: Limits, channel_fd: int) -> JobSpec:
+    def job_spec(self, jobdir: Path, limits: Limits, channel_fd: int, course: Path) -> JobSpec:
         """What the worker needs to know about where it runs and which per-process limits to set."""
         rlimits: dict[str, int] = {}
         if not self.limiter.startswith("cgroup"):
@@ -379,7 +380,7 @@ class Sandbox:
             rlimits["file_size"] = self.caps.out_mb * 2**20
             home = jobdir / "home"
             home.mkdir()
-            env = environment(str(home), str(home), self.threads, str(self.export(None)), self.data)
+            env = environment(str(home), str(home), self.threads, str(course), self.data)
             return JobSpec.make(limits, workdir=str(home), channel_fd=channel_fd, env=env, rlimits=rlimits,
                                 confine_self=seccomp.available() is None)
         return JobSpec.make(limits, workdir=HOME, channel_fd=channel_fd, rlimits=rlimits)
@@ -406,7 +407,7 @@ class Sandbox:
         read_fd, write_fd = os.pipe()
         group = Cgroup.create(f"course-grade-{os.getpid()}-{jobdir.name}", self.caps)
         try:
-            self.job_spec(jobdir, limits, write_fd).write(jobdir / "job.json")
+            self.job_spec(jobdir, limits, write_fd, course).write(jobdir / "job.json")
             worker = ["-m", "course_tools.grading.worker", self.kernel_jobdir(jobdir)]
             if self.enabled:
                 proc = self._start(jobdir, course, worker, keep_fds=(write_fd,), group=group)

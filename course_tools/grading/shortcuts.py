@@ -57,16 +57,11 @@ def _exercise_name(node: ast.FunctionDef) -> str | None:
     return None
 
 
-@cache
-def teaches(lesson: str) -> dict[str, frozenset[tuple[str, str]]]:
-    """Exercise name -> the (module, function) pairs of ``course_utils`` its reference calls, for
-    lesson ``lesson`` (e.g. "02_self_attention"), read from ``course_tools/references/lessonNN.py``."""
-    path = ROOT / "course_tools" / "references" / f"lesson{lesson[:2]}.py"
-    if not path.is_file():
-        return {}
-    tree = ast.parse(path.read_text())
-    names: dict[str, tuple[str, str]] = {}  # local name -> (module, function)
-    modules: dict[str, str] = {}  # local name -> module
+def _library_imports(tree: ast.Module) -> tuple[dict[str, tuple[str, str]], dict[str, str]]:
+    """A reference module's top-level imports from ``course_utils``: local name -> (module, function),
+    and local name -> module."""
+    names: dict[str, tuple[str, str]] = {}
+    modules: dict[str, str] = {}
     for node in tree.body:
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "course_utils":
             for alias in node.names:
@@ -79,6 +74,18 @@ def teaches(lesson: str) -> dict[str, frozenset[tuple[str, str]]]:
             for alias in node.names:
                 if alias.name.startswith("course_utils.") and alias.asname:
                     modules[alias.asname] = alias.name
+    return names, modules
+
+
+@cache
+def teaches(lesson: str) -> dict[str, frozenset[tuple[str, str]]]:
+    """Exercise name -> the (module, function) pairs of ``course_utils`` its reference calls, for
+    lesson ``lesson`` (e.g. "02_self_attention"), read from ``course_tools/references/lessonNN.py``."""
+    path = ROOT / "course_tools" / "references" / f"lesson{lesson[:2]}.py"
+    if not path.is_file():
+        return {}
+    tree = ast.parse(path.read_text())
+    names, modules = _library_imports(tree)
     out: dict[str, frozenset[tuple[str, str]]] = {}
     for node in tree.body:
         name = _exercise_name(node) if isinstance(node, ast.FunctionDef) else None
@@ -164,8 +171,12 @@ def named_in_answer(source: str, lesson: str) -> set[str]:
 
 def pristine_sources(nb) -> list[str]:
     """The sources of a pristine exercise notebook's own code cells (not answers, not checks)."""
-    return [c.source for c in nb.cells if c.cell_type == "code"
-            and not (c.metadata.get("nbgrader") or {}).get("solution") and not (c.metadata.get("nbgrader") or {}).get("grade")]
+    sources = []
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader") or {}
+        if cell.cell_type == "code" and not meta.get("solution") and not meta.get("grade"):
+            sources.append(cell.source)
+    return sources
 
 
 def apply(sub, parsed) -> bool:
