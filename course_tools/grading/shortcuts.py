@@ -13,13 +13,14 @@ the learner's kernel, so neither can be switched off from there.
 "Taught by lesson NN" is read from the references themselves: every top-level function of a
 ``course_utils`` module (except the ``cpu_threads`` utility) that an exercise or question of
 ``course_tools/references/lessonNN.py`` calls. A function that the lesson's own notebook cells
-use is kept in the export (the lesson needs it) and caught by the static check only.
+need, directly or through the library code they call (lesson 06's ``load_minilm`` maps BERT's
+keys with ``bert_key_to_encoder``), is kept in the export and caught by the static check only.
 """
 
 from __future__ import annotations
 
 import ast
-import re
+import json
 from functools import cache
 from pathlib import Path
 
@@ -108,10 +109,70 @@ def taught(lesson: str) -> frozenset[tuple[str, str]]:
     return frozenset().union(*teaches(lesson).values())
 
 
+def _identifiers(node: ast.AST) -> set[str]:
+    return {n.id if isinstance(n, ast.Name) else n.attr
+            for n in ast.walk(node) if isinstance(n, (ast.Name, ast.Attribute))}
+
+
+@cache
+def _library_uses() -> dict[str, set[str]]:
+    """Each top-level function or class of ``course_utils`` (by name) -> the names its body uses."""
+    uses: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "course_utils").glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                uses.setdefault(node.name, set()).update(_identifiers(node) - {node.name})
+    return uses
+
+
+def library_entries(source: str) -> set[str]:
+    """The ``course_utils`` names a cell uses: imported from it, or read off a module imported from it."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    modules, names = {"course_utils"}, set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules |= {a.asname or "course_utils" for a in node.names if a.name.split(".")[0] == "course_utils"}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "course_utils":
+            names |= {a.name for a in node.names}
+            modules |= {a.asname or a.name for a in node.names}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            base = node.value
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in modules:
+                names.add(node.attr)
+    return names
+
+
+def needed_by_notebook(sources: list[str]) -> set[str]:
+    """The library names these cells use, with everything those use in turn inside ``course_utils``."""
+    needed = set().union(*(library_entries(source) for source in sources))
+    uses, frontier = _library_uses(), set(needed)
+    while frontier:
+        frontier = set().union(*(uses.get(name, set()) for name in frontier)) - needed
+        needed |= frontier
+    return needed
+
+
+def worked_answers(lesson: str) -> list[str]:
+    """The answer cells of the course's own solution to ``lesson`` (``solutions/``, where present):
+    a genuine experiment trains with library code that may use a taught function inside."""
+    path = ROOT / "solutions" / f"{lesson}.ipynb"
+    if not path.is_file():
+        return []
+    cells = json.loads(path.read_text()).get("cells", [])
+    return ["".join(c.get("source", "")) for c in cells if (c.get("metadata", {}).get("nbgrader") or {}).get("solution")]
+
+
 def used_by_notebook(lesson: str, pristine_sources: list[str]) -> frozenset[tuple[str, str]]:
-    """The taught functions that the lesson's own (non-answer) cells name: they must stay in the export."""
-    text = "\n".join(pristine_sources)
-    return frozenset((m, f) for m, f in taught(lesson) if re.search(rf"\b{re.escape(f)}\b", text))
+    """The taught functions that the lesson's own cells, or its worked solution's answers, need
+    directly or through other library code: they must stay in the export."""
+    needed = needed_by_notebook([*pristine_sources, *worked_answers(lesson)])
+    return frozenset((m, f) for m, f in taught(lesson) if f in needed)
 
 
 def removed(lesson: str, pristine_sources: list[str]) -> dict[str, set[str]]:
