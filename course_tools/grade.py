@@ -33,7 +33,8 @@ import nbformat
 import torch
 
 from course_tools import checks
-from course_tools.grading import channel, results, submission
+from course_tools.grading import channel, results, shortcuts, submission
+from course_tools.grading.job import Limits
 from course_tools.grading.report import PENDING, ExerciseScore, Gradebook, Submission, table
 from course_tools.grading.sandbox import Caps, Sandbox, SandboxError
 from course_tools.grading.submission import SubmissionError
@@ -46,30 +47,6 @@ REFERENCE_FLAG = "tried to use the exercise references"
 SETUP = """import course_tools.grading.kernel_side as _course_grading
 _course_answer = _course_grading.Answerer({jobdir!r}, globals())
 """
-
-
-@dataclass
-class Limits:
-    cell_timeout: int = 60
-    notebook_timeout: int = 600
-    output_cap: int = 100_000
-
-    def for_lesson(self, nb: nbformat.NotebookNode, explicit: set[str]) -> Limits:
-        """These limits with the lesson's own where it sets them and the instructor did not: a lesson
-        whose answers need longer (one that trains a model) says so in its solutions notebook's
-        metadata, ``"course": {"grading": {"cell_timeout": 240, "notebook_timeout": 900}}``, and
-        ``course assign`` carries it into ``exercises/``."""
-        grading = nb.metadata.get("course", {}).get("grading", {})
-        own = {key: int(grading[key]) for key in ("cell_timeout", "notebook_timeout")
-               if key in grading and key not in explicit}
-        return Limits(**{**vars(self), **own})
-
-    def within(self, seconds: float | None) -> Limits:
-        """These limits cut to a share of the class's time budget (``None``: no budget)."""
-        if seconds is None:
-            return self
-        share = max(1, int(seconds))
-        return Limits(min(self.cell_timeout, share), min(self.notebook_timeout, share), self.output_cap)
 
 
 @dataclass
@@ -146,8 +123,9 @@ def score(name: str, max_points: float, cases: list[checks.Case], loaded: dict, 
     return ExerciseScore(name, points, max_points, verdict, [o.line for o in outcomes])
 
 
-def score_exercise(name: str, job: Job, files: dict[str, bytes], run: dict, killed: bool) -> ExerciseScore:
-    """Score one exercise from what the sandbox sent back (or did not)."""
+def score_exercise(name: str, job: Job, files: dict[str, bytes], run: dict, killed: bool,
+                   checked: dict[str, dict | results.ContractError]) -> ExerciseScore:
+    """Score one exercise from what the sandbox sent back (or did not), checked by ``results.check_outputs``."""
     max_points = job.points[name]
     if name in job.problems:
         return ExerciseScore(name, 0, max_points, job.problems[name], [f"  ✗ {job.problems[name]}"])
@@ -160,10 +138,9 @@ def score_exercise(name: str, job: Job, files: dict[str, bytes], run: dict, kill
             return ExerciseScore(name, 0, max_points, "timeout", ["  ✗ timed out: the function did not return in time"])
         reason = clean(answer_error or collect_error or "the notebook stopped before this exercise", 300)
         return ExerciseScore(name, 0, max_points, f"error: {reason}", [f"  ✗ {reason}"])
-    try:
-        loaded = results.load_results(data)
-    except results.ContractError as exc:
-        return ExerciseScore(name, 0, max_points, f"error: {exc}", [f"  ✗ {exc}"])
+    loaded = checked[f"{name}.pt"]
+    if isinstance(loaded, results.ContractError):
+        return ExerciseScore(name, 0, max_points, f"error: {loaded}", [f"  ✗ {loaded}"])
     return score(name, max_points, job.cases[name], loaded, answer_error)
 
 
@@ -197,18 +174,21 @@ def grade_parsed(sub: Submission, parsed: submission.Parsed, base: nbformat.Note
     jobdir = Path(tempfile.mkdtemp(prefix="course-grade-job-"))
     try:
         job = prepare(base, parsed, jobdir, sandbox.kernel_jobdir(jobdir), seed)
-        settings = {"cell_timeout": limits.cell_timeout, "notebook_timeout": limits.notebook_timeout,
-                    "output_cap": limits.output_cap, **sandbox.job_settings(jobdir)}
-        result = sandbox.run(jobdir, settings, limits.notebook_timeout + WALL_GRACE)
+        result = sandbox.run(jobdir, limits, limits.notebook_timeout + WALL_GRACE, sub.lesson,
+                             shortcuts.pristine_sources(base))
     finally:
         shutil.rmtree(jobdir, ignore_errors=True)
     run = channel.run_report(result.files.get("run.json"))
     if result.killed:
         run["status"] = "timeout"
-    sub.exercises = [score_exercise(name, job, result.files, run, result.killed) for name in job.points]
+    outputs = {f"{name}.pt": result.files[f"{name}.pt"] for name in job.points if f"{name}.pt" in result.files}
+    checked = results.check_outputs(outputs, results.caps_for(sub.lesson), sandbox.host_paths())
+    sub.exercises = [score_exercise(name, job, result.files, run, result.killed, checked) for name in job.points]
     sub.exercises += manual_scores(base, parsed)
-    if "references-import" in result.files or submission.names_references(parsed):
+    if submission.names_references(parsed):
         sub.flags.append(REFERENCE_FLAG)
+    if shortcuts.apply(sub, parsed):
+        sub.flags.append(shortcuts.FLAG)
     sub.status = overall_status(sub, job, run["status"])
 
 
@@ -247,7 +227,7 @@ def grade_file(path: Path, run: Class) -> Submission:
         if warning:
             sub.flags.append(warning)
         base = run.pristine[sub.lesson]
-        grade_parsed(sub, parsed, base, run.sandbox, run.limits.for_lesson(base, run.explicit), seed)
+        grade_parsed(sub, parsed, base, run.sandbox, run.limits.for_lesson(base.metadata, run.explicit), seed)
     except SubmissionError as exc:
         sub.status = str(exc)
     except Exception as exc:  # a grader bug must cost one row, not the class's gradebook
@@ -287,8 +267,8 @@ def submissions(target: Path) -> list[Path]:
 
 
 def make_sandbox(args: argparse.Namespace) -> Sandbox:
-    caps = Caps(memory_mb=args.memory_mb, processes=args.max_processes)
     threads = max(1, (os.cpu_count() or 1) // max(1, args.jobs))
+    caps = Caps(memory_mb=args.memory_mb, processes=args.max_processes, cpus=threads)
     sandbox = Sandbox(caps, enabled=not args.no_sandbox, threads=threads)
     sandbox.check()
     return sandbox
@@ -368,16 +348,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gradebook", metavar="CSV", help="gradebook elsewhere (default DIR/gradebook.csv for a folder)")
     p.add_argument("--feedback", metavar="DIR", help="a Markdown report per submission, elsewhere "
                    "(default DIR/feedback)")
-    p.add_argument("--cell-timeout", type=int, help="seconds per answer cell and per exercise (default 60, or "
-                   "the lesson's own)")
-    p.add_argument("--notebook-timeout", type=int, help="seconds per notebook (default 600, or the lesson's own)")
+    p.add_argument("--cell-timeout", type=int, help=f"seconds per answer cell and per exercise (default "
+                   f"{Limits.cell_timeout}, or the lesson's own)")
+    p.add_argument("--notebook-timeout", type=int,
+                   help=f"seconds per notebook (default {Limits.notebook_timeout}, or the lesson's own)")
     p.add_argument("--class-budget", type=float, metavar="MINUTES",
                    help="wall-clock minutes for the whole class: each submission gets its share (budget x jobs / "
                    "submissions) as its cell and notebook limit")
-    p.add_argument("--output-cap", type=int, default=100_000, help="characters of output kept per notebook")
-    p.add_argument("--memory-mb", type=int, default=4096,
-                   help="memory cap per submission as a whole (cgroup), else per process (default 4096)")
-    p.add_argument("--max-processes", type=int, default=512, help="tasks (processes and threads) per submission")
+    p.add_argument("--output-cap", type=int, default=Limits.output_cap, help="characters of output kept per notebook")
+    p.add_argument("--memory-mb", type=int, default=Caps.memory_mb,
+                   help=f"memory cap per submission as a whole (cgroup), else per process (default {Caps.memory_mb})")
+    p.add_argument("--max-processes", type=int, default=Caps.processes,
+                   help="tasks (processes and threads) per submission")
     p.add_argument("--jobs", type=int, default=1, help="submissions graded at the same time (default 1)")
     p.add_argument("--seed", type=int, help="fix the random cases, e.g. to re-grade a row with the seed the "
                    "gradebook recorded (default: a fresh seed per submission)")

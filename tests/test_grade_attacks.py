@@ -315,7 +315,7 @@ def test_other_submissions_are_invisible_and_network_and_tmp_are_capped(attacked
 def test_grader_environment_is_not_passed_in(attacked):
     seen = eval(leaked(attacked["rows"]["peek"], "pairwise_dots"))  # noqa: S307
     assert seen["secret"] == [] and seen["home"] == sandboxing.HOME
-    assert seen["count"] <= len(sandboxing.environment("/h", "/t", 1)) + 10  # the allow-list and ipykernel's own
+    assert seen["count"] <= len(sandboxing.environment("/h", "/t", 1, "/c", "/d")) + 10  # the allow-list, ipykernel's
 
 
 @needs_sandbox
@@ -348,11 +348,10 @@ def test_no_process_outlives_its_submission(attacked):
 @needs_sandbox
 def test_reference_solutions_are_not_importable_and_attempts_are_flagged(attacked):
     row = attacked["rows"]["references"]
-    assert statuses(row)["flatten_tokens"].startswith("error: ImportError") and row["total"] == 3
-    assert row["flags"] == ["tried to use the exercise references"]
-    sneaky = attacked["rows"]["sneaky"]
+    assert statuses(row)["flatten_tokens"].startswith("error: ModuleNotFoundError") and row["total"] == 3
+    assert row["flags"] == ["tried to use the exercise references"]  # the grader read it in the answer cell
+    sneaky = attacked["rows"]["sneaky"]  # a built name: not flagged, but the references are not there at all
     assert eval(leaked(sneaky, "mean_over_time")) == ["ImportError", "FileNotFoundError"]  # noqa: S307
-    assert sneaky["flags"] == ["tried to use the exercise references"]
     assert attacked["rows"]["zzz_victim"]["flags"] == []
 
 
@@ -361,7 +360,7 @@ def test_forged_results_are_refused_without_cost(attacked):
     st = statuses(attacked["rows"]["forger"])
     assert st == {"flatten_tokens": "error: compressed outputs file (refused)",
                   "mean_over_time": "error: malformed results",
-                  "pairwise_dots": "error: result tensor too large or of an unsupported type (torch.float32)"}
+                  "pairwise_dots": "error: results with too many tensor elements (more than 4194304)"}
     fifo = attacked["rows"]["fifo"]
     assert scores(fifo) == {"flatten_tokens": 0, "mean_over_time": 1, "pairwise_dots": 2}
 

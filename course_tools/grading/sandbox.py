@@ -1,53 +1,74 @@
 """One sandbox per submission: bubblewrap for what the submission can see, a cgroup for what it
 can use, and a hard wall-clock limit enforced from outside.
 
-Inside, the submission sees the system's programs and libraries, the Python installation and the
-course's two packages, all read-only, with ``course_tools.references`` replaced by a stub; its
-own job folder read-only; a private, size-limited ``/tmp``, ``$HOME`` and output folder; no
-network; its own PID, IPC and user namespaces (it runs as ``nobody``); an allow-listed
-environment. Memory and process count are capped for the sandbox as a whole with a cgroup (v1 or
-v2, where this process may create one), else per process with rlimits. When the time is up or the
-worker ends, the sandbox's PID namespace is torn down, which kills every process it started.
+Inside, the submission sees the system's programs and libraries and the Python installation,
+read-only; at ``/course`` a clean export of the course's two packages (tracked sources only, no
+references, the lesson's taught functions removed: ``course_tools.grading.export``); its own job
+folder read-only; a private, size-limited ``/tmp``, ``$HOME``, ``/dev/shm`` and output folder; no
+network; its own PID, IPC and user namespaces (it runs as ``nobody``); a fresh session keyring and
+a seccomp filter refusing the keyring calls (``course_tools.grading.seccomp``); an allow-listed
+environment. bubblewrap reads its options from a pipe, so the sandbox's command line shows no
+host paths. Memory, process count and CPU are capped for the sandbox as a whole with a cgroup (v1
+or v2, where this process may create one: at most ``Caps.cpus`` processors' worth of CPU time),
+else per process with rlimits (then there is no CPU share: each sandbox competes as its
+processes). When the time is up or the worker ends, the sandbox's PID namespace is torn down,
+which kills every process it started, and its cgroup is removed (retried until it is gone).
+
+Whatever the sandbox reports back to a student is cleaned of the grader's host paths; the full
+detail of a sandbox failure goes to the instructor's log (the ``course_tools.grading`` logger).
 """
 
 from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-from course_tools.grading import channel
+from course_tools.grading import channel, export, results, seccomp
+from course_tools.grading.job import JobSpec, Limits
 
 ROOT = Path(__file__).resolve().parents[2]
-BLOCKED = Path(__file__).resolve().parent / "blocked"
+LOG = logging.getLogger("course_tools.grading")
 JOB = "/job"  # the job folder as the sandbox sees it
 HOME = "/home/student"
+COURSE = "/course"  # the course export
+DATA = "/data"  # the course's data cache
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
 SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/passwd", "/etc/group", "/etc/nsswitch.conf",
                 "/etc/hosts", "/etc/alternatives")
 NOBODY = "65534"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Caps:
-    """What one submission may use, as a whole."""
+    """What one submission may use, as a whole (``course grade`` options of the same names)."""
 
     memory_mb: int = 4096
     processes: int = 512
+    cpus: float = 1.0  # processors' worth of CPU time per sandbox (cgroup only)
     tmp_mb: int = 256
     home_mb: int = 64
     out_mb: int = 64
+    shm_mb: int = 64
 
 
 class SandboxError(RuntimeError):
     """The sandbox cannot be made here; the message names the fix."""
+
+
+class SandboxFailure(RuntimeError):
+    """One run failed in the sandbox's own machinery; the message is for the student, the detail is logged."""
 
 
 def python_prefixes() -> list[str]:
@@ -57,12 +78,16 @@ def python_prefixes() -> list[str]:
     return sorted(p for p in found if not any(p != q and p.startswith(q + os.sep) for q in found))
 
 
-def reference_folders(prefixes: list[str]) -> list[str]:
-    """Every copy of ``course_tools/references`` the sandbox could reach: the checkout's and installed ones."""
-    copies = [str(ROOT / "course_tools" / "references")]
+def installed_copies(prefixes: list[str]) -> list[tuple[str, str]]:
+    """(package, folder) for every installed copy of the course's packages inside the Python prefixes the
+    sandbox sees (a wheel install): each gets the export laid over it, hiding its references and bytecode."""
+    copies = []
     for prefix in prefixes:
-        copies += glob.glob(os.path.join(prefix, "lib", "python3*", "site-packages", "course_tools", "references"))
-    return [c for c in copies if os.path.isdir(c)]
+        for package in export.PACKAGES:
+            for folder in glob.glob(os.path.join(prefix, "lib", "python3*", "site-packages", package)):
+                if os.path.isdir(folder):
+                    copies.append((package, folder))
+    return copies
 
 
 def data_folder() -> str | None:
@@ -73,24 +98,25 @@ def data_folder() -> str | None:
     return str(folder.resolve()) if folder.is_dir() else None
 
 
-def environment(home: str, tmp: str, threads: int) -> dict[str, str]:
+def environment(home: str, tmp: str, threads: int, course: str, data: str | None) -> dict[str, str]:
     """The allow-list: all the submission's environment, nothing of the grader's."""
     env = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin", "HOME": home,
-           "TMPDIR": tmp, "LANG": "C.UTF-8", "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1",
+           "TMPDIR": tmp, "LANG": "C.UTF-8", "PYTHONPATH": course, "PYTHONDONTWRITEBYTECODE": "1",
            "COURSE_MODE": "smoke", "COURSE_NO_DOWNLOAD": "1", "TQDM_DISABLE": "1", "MPLBACKEND": "Agg",
            "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "JUPYTER_PLATFORM_DIRS": "1",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    data = data_folder()
     if data:
         env["COURSE_DATA"] = data
     return env
 
 
 class Cgroup:
-    """A cgroup (v1: one per controller; v2: one) capping memory and tasks of everything in it."""
+    """A cgroup (v1: one per controller; v2: one) capping memory, tasks and CPU of everything in it."""
 
-    def __init__(self, dirs: list[Path], version: int) -> None:
-        self.dirs, self.version = dirs, version
+    PERIOD_US = 100_000
+
+    def __init__(self, dirs: list[Path], version: int, cpu: bool) -> None:
+        self.dirs, self.version, self.cpu = dirs, version, cpu
 
     @classmethod
     def create(cls, name: str, caps: Caps) -> Cgroup | None:
@@ -115,23 +141,30 @@ class Cgroup:
     @classmethod
     def _create_v1(cls, name: str, caps: Caps) -> Cgroup | None:
         dirs = []
-        for controller in ("memory", "pids"):
+        for controller in ("memory", "pids", "cpu"):
             own, mount = cls._own(controller), Path("/sys/fs/cgroup") / controller
             if own is None or not (mount / "cgroup.procs").exists():
+                if controller == "cpu":
+                    break  # no CPU share here; memory and tasks are still capped
                 return None
             dirs.append(mount / own.lstrip("/") / name)
-        group = cls(dirs, 1)
-        for folder in dirs:
-            folder.mkdir()
-        memory = str(caps.memory_mb * 2**20)
+        group = cls(dirs, 1, cpu=len(dirs) == 3)
+        made = []
         try:
+            for folder in dirs:
+                folder.mkdir()
+                made.append(folder)
+            memory = str(caps.memory_mb * 2**20)
             if caps.memory_mb > 0:
                 (dirs[0] / "memory.limit_in_bytes").write_text(memory)
             if caps.memory_mb > 0 and (dirs[0] / "memory.memsw.limit_in_bytes").exists():
                 (dirs[0] / "memory.memsw.limit_in_bytes").write_text(memory)
             (dirs[1] / "pids.max").write_text(str(caps.processes))
+            if group.cpu:
+                (dirs[2] / "cpu.cfs_period_us").write_text(str(cls.PERIOD_US))
+                (dirs[2] / "cpu.cfs_quota_us").write_text(str(max(1000, int(caps.cpus * cls.PERIOD_US))))
         except OSError:
-            group.remove()
+            cls(made, 1, cpu=False).remove()
             raise
         return group
 
@@ -144,15 +177,18 @@ class Cgroup:
         if own is None or mount is None:
             return None
         parent = mount / own.lstrip("/")
-        if not {"memory", "pids"} <= set((parent / "cgroup.subtree_control").read_text().split()):
+        enabled = set((parent / "cgroup.subtree_control").read_text().split())
+        if not {"memory", "pids"} <= enabled:
             return None
-        group = cls([parent / name], 2)
+        group = cls([parent / name], 2, cpu="cpu" in enabled)
         group.dirs[0].mkdir()
         try:
             if caps.memory_mb > 0:
                 (group.dirs[0] / "memory.max").write_text(str(caps.memory_mb * 2**20))
                 (group.dirs[0] / "memory.swap.max").write_text("0")
             (group.dirs[0] / "pids.max").write_text(str(caps.processes))
+            if group.cpu:
+                (group.dirs[0] / "cpu.max").write_text(f"{max(1000, int(caps.cpus * cls.PERIOD_US))} {cls.PERIOD_US}")
         except OSError:
             group.remove()
             raise
@@ -172,23 +208,32 @@ class Cgroup:
                 pass
         return sorted(found)
 
-    def remove(self) -> None:
-        """Kill whatever is still inside (nothing, normally: the PID namespace is gone), then delete."""
-        for _ in range(50):
-            left = self.pids()
-            if not left:
-                break
-            for pid in left:
+    def remove(self, patience: float = 30.0) -> bool:
+        """Kill whatever is still inside (nothing, normally: the PID namespace is gone), then delete
+        every folder; both retried, since a dying process keeps its group busy for a moment. Returns
+        whether all folders are gone (if not, the instructor's log names them)."""
+        deadline = time.monotonic() + patience
+        left = [d for d in self.dirs if d.exists()]
+        while left:
+            for pid in self.pids():
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
-            time.sleep(0.1)
-        for folder in self.dirs:
-            try:
-                folder.rmdir()
-            except OSError:
-                pass
+            for folder in list(left):
+                try:
+                    folder.rmdir()
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    continue
+                left.remove(folder)
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        if left:
+            LOG.error("cgroup folders could not be removed: %s", ", ".join(map(str, left)))
+        return not left
 
 
 @dataclass
@@ -205,36 +250,71 @@ class Sandbox:
         self.prefixes = python_prefixes()
         self.bwrap = shutil.which("bwrap")
         self.limiter = "none"
+        self.data = data_folder()
+        self.exports: dict[str | None, Path] = {}
+        self._export_lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, _remove_all, self.exports)
 
     def check(self) -> None:
         """Make one sandbox that runs this Python, and probe for a cgroup; raise SandboxError naming the fix."""
+        results.warm_up()  # the checking server loads torch while the sandbox is probed
         probe = Cgroup.create(f"course-grade-probe-{os.getpid()}", self.caps)
-        self.limiter = f"cgroup v{probe.version}" if probe else "rlimits"
+        self.limiter = "rlimits"
         if probe:
+            self.limiter = f"cgroup v{probe.version}" + ("" if probe.cpu else " (no cpu controller)")
             probe.remove()
+        try:
+            self.export(None)
+        except export.ExportError as exc:
+            raise SandboxError(str(exc)) from None
         if not self.enabled:
             return
         if not self.bwrap:
             raise SandboxError("bubblewrap (bwrap) is not installed: install it (e.g. apt-get install bubblewrap)")
-        command = [*self.bwrap_args(None), "--", sys.executable, "-c", "import course_tools.grading"]
-        done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
+        if seccomp.available():
+            raise SandboxError(seccomp.available())
+        done = self._start(None, None, ["-c", "import course_tools.grading"], capture=True)
         if done.returncode != 0:
             reason = (done.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
             raise SandboxError(f"bubblewrap cannot make the sandbox here ({reason[:200]})")
 
     def describe(self) -> str:
         if self.limiter.startswith("cgroup"):
-            caps = f"{self.limiter}: {self.caps.memory_mb} MB and {self.caps.processes} tasks per submission"
+            caps = (f"{self.limiter}: {self.caps.memory_mb} MB, {self.caps.processes} tasks"
+                    + ("" if "no cpu" in self.limiter else f" and {self.caps.cpus:g} CPU") + " per submission")
         else:
-            caps = f"no cgroup here: per-process rlimits (address space {self.caps.memory_mb} MB)"
+            caps = f"no cgroup here: per-process rlimits (address space {self.caps.memory_mb} MB), no CPU share"
         if not self.enabled:
             return f"NO SANDBOX (--no-sandbox: submissions run as this user and can see this machine); {caps}"
-        return f"bubblewrap sandbox per submission; {caps}"
+        return f"bubblewrap sandbox per submission, keyring calls filtered; {caps}"
 
-    def bwrap_args(self, jobdir: Path | None) -> list[str]:
-        args = [self.bwrap, "--unshare-all", "--unshare-user", "--uid", NOBODY, "--gid", NOBODY,
+    def export(self, lesson: str | None, pristine_sources: list[str] | None = None) -> Path:
+        """The course export for ``lesson`` (made once per grading run)."""
+        with self._export_lock:
+            if lesson not in self.exports:
+                self.exports[lesson] = export.make(lesson, pristine_sources or [])
+            return self.exports[lesson]
+
+    def host_paths(self) -> list[tuple[str, str]]:
+        """(host path, neutral name) pairs to clean out of text a student sees, longest first."""
+        pairs = [(str(ROOT), "<course>"), (tempfile.gettempdir(), "<tmp>"), (str(Path.home()), "<home>")]
+        pairs += [(str(p), "<export>") for p in self.exports.values()]
+        pairs += [(p, "<python>") for p in self.prefixes]
+        if self.data:
+            pairs.append((self.data, DATA))
+        return sorted({(h, n) for h, n in pairs if len(h) > 1}, key=lambda pair: -len(pair[0]))
+
+    def public(self, text: str) -> str:
+        """``text`` with the grader's host paths replaced by neutral names."""
+        for host, neutral in self.host_paths():
+            text = text.replace(host, neutral)
+        return text
+
+    def bwrap_args(self, jobdir: Path | None, course: Path) -> list[str]:
+        """bubblewrap's options (they go through a pipe, not the command line)."""
+        args = ["--unshare-all", "--unshare-user", "--uid", NOBODY, "--gid", NOBODY,
                 "--hostname", "grading", "--die-with-parent", "--new-session", "--clearenv"]
-        for key, value in environment(HOME, "/tmp", self.threads).items():
+        for key, value in environment(HOME, "/tmp", self.threads, COURSE, DATA if self.data else None).items():
             args += ["--setenv", key, value]
         for path in SYSTEM_DIRS:
             if os.path.islink(path):
@@ -243,21 +323,51 @@ class Sandbox:
                 args += ["--ro-bind", path, path]
         for path in SYSTEM_FILES:
             args += ["--ro-bind-try", path, path]
-        args += ["--proc", "/proc", "--dev", "/dev"]
+        args += ["--proc", "/proc", "--ro-bind", "/dev/null", "/proc/keys", "--dev", "/dev",
+                 "--size", str(self.caps.shm_mb * 2**20), "--tmpfs", "/dev/shm"]
         args += ["--size", str(self.caps.tmp_mb * 2**20), "--tmpfs", "/tmp",
                  "--size", str(self.caps.home_mb * 2**20), "--tmpfs", HOME]
-        for path in [*self.prefixes, str(ROOT / "course_utils"), str(ROOT / "course_tools")]:
+        for path in self.prefixes:
             args += ["--ro-bind", path, path]
-        for path in reference_folders(self.prefixes):
-            args += ["--ro-bind", str(BLOCKED), path]
-        data = environment(HOME, "/tmp", 1).get("COURSE_DATA")
-        if data:
-            args += ["--ro-bind", data, data]
+        for package, folder in installed_copies(self.prefixes):
+            args += ["--ro-bind", str(course / package), folder]
+        args += ["--ro-bind", str(course), COURSE]
+        if self.data:
+            args += ["--ro-bind", self.data, DATA]
         if jobdir is not None:
             args += ["--ro-bind", str(jobdir), JOB, "--size", str(self.caps.out_mb * 2**20), "--tmpfs", f"{JOB}/out"]
         return [*args, "--remount-ro", "/", "--chdir", HOME]
 
-    def job_settings(self, jobdir: Path) -> dict:
+    def _start(self, jobdir: Path | None, course: Path | None, python_args: list[str], capture: bool = False,
+               keep_fds: tuple[int, ...] = (), group: Cgroup | None = None):
+        """Start ``python PYTHON_ARGS`` in the sandbox (a fresh session keyring, the seccomp filter,
+        bubblewrap's options through a pipe). Returns the Popen, or, with ``capture``, its finished run."""
+        course = course or self.export(None)
+        options = "\0".join(self.bwrap_args(jobdir, course)).encode() + b"\0"
+        args_read, args_write = os.pipe()
+        filter_fd = seccomp.bpf_file()
+        try:
+            if len(options) > 60_000:
+                raise SandboxFailure("bubblewrap's options do not fit one pipe write")
+            os.write(args_write, options)
+            os.close(args_write)
+            args_write = -1
+            command = [*seccomp.launcher(sys.executable), self.bwrap, "--args", str(args_read),
+                       "--seccomp", str(filter_fd), "--", sys.executable, *python_args]
+            if group:
+                command = group.enter(command)
+            fds = (args_read, filter_fd, *keep_fds)
+            if capture:
+                return subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, timeout=120,
+                                      pass_fds=fds)
+            return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, pass_fds=fds, cwd=jobdir, start_new_session=True)
+        finally:
+            for fd in (args_read, args_write, filter_fd):
+                if fd >= 0:
+                    os.close(fd)
+
+    def job_spec(self, jobdir: Path, limits: Limits, channel_fd: int, course: Path) -> JobSpec:
         """What the worker needs to know about where it runs and which per-process limits to set."""
         rlimits: dict[str, int] = {}
         if not self.limiter.startswith("cgroup"):
@@ -270,31 +380,43 @@ class Sandbox:
             rlimits["file_size"] = self.caps.out_mb * 2**20
             home = jobdir / "home"
             home.mkdir()
-            return {"workdir": str(home), "env": environment(str(home), str(home), self.threads), "rlimits": rlimits}
-        return {"workdir": HOME, "env": {}, "rlimits": rlimits}
+            env = environment(str(home), str(home), self.threads, str(course), self.data)
+            return JobSpec.make(limits, workdir=str(home), channel_fd=channel_fd, env=env, rlimits=rlimits,
+                                confine_self=seccomp.available() is None)
+        return JobSpec.make(limits, workdir=HOME, channel_fd=channel_fd, rlimits=rlimits)
 
     def kernel_jobdir(self, jobdir: Path) -> str:
         """The job folder as the worker and kernel see it."""
         return JOB if self.enabled else str(jobdir)
 
-    def run(self, jobdir: Path, job: dict, wall_seconds: float) -> RunResult:
-        """Write ``job`` for the worker, run it on ``jobdir``, collect what it sends through the
-        results channel, and end everything it started by ``wall_seconds`` at the latest."""
-        read_fd, write_fd = os.pipe()
-        (jobdir / "job.json").write_text(json.dumps({**job, "channel_fd": write_fd}))
-        worker = [sys.executable, "-m", "course_tools.grading.worker", self.kernel_jobdir(jobdir)]
-        env = None
-        if self.enabled:
-            command = [*self.bwrap_args(jobdir), "--", *worker]
-        else:
-            command, env = worker, job["env"]
-        group = Cgroup.create(f"course-grade-{os.getpid()}-{jobdir.name}", self.caps)
-        if group:
-            command = group.enter(command)
+    def run(self, jobdir: Path, limits: Limits, wall_seconds: float, lesson: str | None = None,
+            pristine_sources: list[str] | None = None) -> RunResult:
+        """Write the job for the worker, run it on ``jobdir`` with the export for ``lesson``, collect
+        what it sends through the results channel, and end everything it started by ``wall_seconds``
+        at the latest. A failure of the sandbox itself raises SandboxFailure (detail in the log)."""
         try:
-            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, pass_fds=(write_fd,), env=env,
-                                    cwd=jobdir, start_new_session=True)
+            return self._run(jobdir, limits, wall_seconds, lesson, pristine_sources)
+        except Exception as exc:
+            LOG.exception("sandbox run on %s failed", jobdir)
+            raise SandboxFailure(f"the grading sandbox failed ({type(exc).__name__}); "
+                                 "the instructor's log has the detail") from None
+
+    def _run(self, jobdir: Path, limits: Limits, wall_seconds: float, lesson: str | None,
+             pristine_sources: list[str] | None) -> RunResult:
+        course = self.export(lesson, pristine_sources)
+        read_fd, write_fd = os.pipe()
+        group = Cgroup.create(f"course-grade-{os.getpid()}-{jobdir.name}", self.caps)
+        try:
+            self.job_spec(jobdir, limits, write_fd, course).write(jobdir / "job.json")
+            worker = ["-m", "course_tools.grading.worker", self.kernel_jobdir(jobdir)]
+            if self.enabled:
+                proc = self._start(jobdir, course, worker, keep_fds=(write_fd,), group=group)
+            else:
+                env = JobSpec.read(jobdir / "job.json").env
+                command = [sys.executable, *worker]
+                proc = subprocess.Popen(group.enter(command) if group else command, stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(write_fd,),
+                                        env=env, cwd=jobdir, start_new_session=True)
             os.close(write_fd)
             write_fd = -1
             cap = (self.caps.out_mb + 2) * 2**20
@@ -306,7 +428,16 @@ class Sandbox:
                     os.close(fd)
             if group:
                 group.remove()
-        return RunResult(channel.decode(stream), killed)
+        files = channel.decode(stream)
+        report = channel.run_report(files.get("run.json"))
+        report["errors"] = {k: self.public(v) for k, v in report["errors"].items()}
+        files["run.json"] = json.dumps(report).encode()
+        return RunResult(files, killed)
+
+
+def _remove_all(folders: dict) -> None:
+    for folder in folders.values():
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def own_processes() -> int:

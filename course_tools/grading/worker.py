@@ -1,6 +1,7 @@
 """The grader's worker: runs one rebuilt submission in its own kernel, inside the sandbox.
 
-Started as ``python -m course_tools.grading.worker JOBDIR``. It reads ``JOBDIR/job.json``, runs the
+Started as ``python -m course_tools.grading.worker JOBDIR``. It reads ``JOBDIR/job.json`` (a
+``course_tools.grading.job.JobSpec``), runs the
 notebook with nbclient (time limits, output cap), then sends its report and the files the kernel
 left in ``JOBDIR/out`` through the results channel (a pipe to the grader). It never sees the
 references; the grader judges what comes back.
@@ -21,7 +22,8 @@ import zmq.asyncio
 from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 
-from course_tools.grading import channel
+from course_tools.grading import channel, seccomp
+from course_tools.grading.job import JobSpec
 from course_tools.grading.submission import GRADER_CELL
 from course_tools.notebook_exec import CurrentEnvKernelManager, execute, make_client
 
@@ -89,18 +91,18 @@ def apply_rlimits(limits: dict[str, int]) -> None:
         resource.setrlimit(RLIMITS[name], (value, value))
 
 
-def run_notebook(nb: nbformat.NotebookNode, job: dict) -> str:
+def run_notebook(nb: nbformat.NotebookNode, job: JobSpec) -> str:
     """Execute every cell. Cells that run learner code (marked by the grader) get the per-cell limit;
     the pristine lesson cells get the notebook's, so a slow import on a busy machine is no timeout."""
-    cell_timeout, notebook_timeout = job["cell_timeout"], job["notebook_timeout"]
+    cell_timeout, notebook_timeout = job.cell_timeout, job.notebook_timeout
 
     def timeout(cell: nbformat.NotebookNode) -> int:
         return cell_timeout if cell.metadata.get(GRADER_CELL) == "timed" else notebook_timeout
 
-    client = make_client(nb, Path(job["workdir"]), cell_timeout=cell_timeout, allow_errors=True, env=job["env"],
+    client = make_client(nb, Path(job.workdir), cell_timeout=cell_timeout, allow_errors=True, env=job.env or None,
                          client_class=CappedClient, interrupt_on_timeout=True, startup_timeout=notebook_timeout,
                          timeout_func=timeout, kernel_manager_class=CappedMessagesKernelManager)
-    client.output_cap = job["output_cap"]
+    client.output_cap = job.output_cap
 
     def deadline(signum, frame):
         raise NotebookDeadline()
@@ -133,8 +135,10 @@ def outputs(folder: Path) -> dict[str, bytes]:
 
 
 def main(jobdir: Path) -> int:
-    job = json.loads((jobdir / "job.json").read_text())
-    apply_rlimits(job["rlimits"])
+    job = JobSpec.read(jobdir / "job.json")
+    if job.confine_self:  # no bubblewrap loaded the filter: load it here, before any learner code runs
+        seccomp.confine_self()
+    apply_rlimits(job.rlimits)
     nb = nbformat.read(jobdir / "submission.ipynb", as_version=4)
     try:
         status = run_notebook(nb, job)
@@ -142,7 +146,7 @@ def main(jobdir: Path) -> int:
         status = "crashed"
     report = {"status": status, "errors": cell_errors(nb)}
     files = {**outputs(jobdir / "out"), "run.json": json.dumps(report).encode()}
-    channel.send(job["channel_fd"], files)
+    channel.send(job.channel_fd, files)
     return 0
 
 
