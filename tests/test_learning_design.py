@@ -8,6 +8,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from course_tools.predict import is_hidden, reveal_span
+
 ROOT = Path(__file__).resolve().parent.parent
 # Lessons still being brought to the design (each removes itself when it lands; empty when done).
 PENDING: set[str] = set()
@@ -87,3 +89,15 @@ def test_every_exercise_says_what_it_practises(name):
     for cell in cells("solutions", name):
         if cell.cell_type == "markdown" and re.match(r"## (Exercise|Experiment)", cell.source):
             assert "*Practises:" in cell.source, f"solutions/{name}: {cell.source.splitlines()[0]!r}"
+
+
+@pytest.mark.parametrize("name", LESSONS)
+def test_no_stored_output_spoils_a_prediction(name):
+    """Every code cell between a prediction and its reveal (the reveal included) keeps its stored
+    output out of sight: collapsed in JupyterLab, behind a toggle on the website, a fragment or a
+    later slide in the slides (``python -m course_tools.predict notebooks/NN_topic.ipynb`` marks them)."""
+    nb = cells("notebooks", name)
+    span = reveal_span(nb)
+    assert any("reveal(" in nb[i].source for i in span), f"notebooks/{name}: no reveal after a prediction"
+    shown = [nb[i].get("id") for i in span if not is_hidden(nb[i])]
+    assert not shown, f"notebooks/{name}: cells {shown} show a prediction's answer before the learner acts"
