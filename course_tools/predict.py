@@ -36,17 +36,25 @@ def judge(prediction: Any, measured: Any, tolerance: float = 0.0) -> bool:
 
 def reveal(prediction: Any, measured: Any, why: str, tolerance: float = 0.0) -> None:
     """Print the prediction against the measurement (numbers within ``tolerance`` count as right)
-    and one sentence on why. Returns nothing, so the cell shows only the printed lines."""
+    and one sentence on why. Returns nothing, so the cell shows only the printed lines.
+
+    The first line never holds the measurement: JupyterLab shows the first line of a collapsed
+    output (see :func:`hide_reveals`), so the answer stays out of sight until the learner opens it."""
     prediction, measured = _plain(prediction), _plain(measured)
     if prediction is Ellipsis or prediction is None:
-        print(f"measured: {measured!r} (write your prediction first, then run this cell again)")
+        print(FIRST_LINE_UNANSWERED)
+        print(f"measured: {measured!r}")
         print(f"why: {why}")
         return
     right = _matches(prediction, measured, tolerance)
     close = f" (within {tolerance:g})" if tolerance and right else ""
     verdict = "right" if right else "not what happened"
-    print(f"your prediction {prediction!r}, measured {measured!r}: {verdict}{close}")
+    print(f"your prediction: {prediction!r}")
+    print(f"measured: {measured!r}: {verdict}{close}")
     print(f"why: {why}")
+
+
+FIRST_LINE_UNANSWERED = "your prediction: none yet (write it in the cell above, then run this cell again)"
 
 
 PREDICTION = re.compile(r"^prediction_\w+ = \.\.\.", re.M)

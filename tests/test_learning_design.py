@@ -101,3 +101,51 @@ def test_no_stored_output_spoils_a_prediction(name):
     assert any("reveal(" in nb[i].source for i in span), f"notebooks/{name}: no reveal after a prediction"
     shown = [nb[i].get("id") for i in span if not is_hidden(nb[i])]
     assert not shown, f"notebooks/{name}: cells {shown} show a prediction's answer before the learner acts"
+
+
+def first_output_line(cell) -> str:
+    """What JupyterLab 4 shows of a collapsed output: the first line of the first output."""
+    for out in cell.get("outputs", []):
+        text = out.get("text") or out.get("data", {}).get("text/plain", "")
+        text = "".join(text) if isinstance(text, list) else text
+        if text.strip():
+            return text.strip().splitlines()[0]
+    return ""
+
+
+def gives_away(line: str, measured: str) -> bool:
+    """Whether a line shows a measurement printed by reveal (as 'measured: <repr>')."""
+    if measured in ("True", "False"):
+        return line.rstrip().endswith(measured)
+    try:
+        value = float(measured)
+    except ValueError:
+        return measured in line
+    numbers = [float(n) for n in re.findall(r"-?\d+(?:\.\d+)?(?:e-?\d+)?", line.replace(",", ""))]
+    return any(abs(n - value) <= 0.005 * max(abs(value), 1e-9) for n in numbers)
+
+
+# First lines that hold the measured number by coincidence, not as the answer.
+INCIDENTAL = {"9bbd5764": "'H=4' is the number of heads; the answer is the factor 4 by which memory grows"}
+
+
+@pytest.mark.parametrize("name", LESSONS)
+def test_collapsed_outputs_do_not_preview_the_answer(name):
+    """JupyterLab 4 previews the first line of a collapsed output, so no cell between a prediction
+    and its reveal may start its output with the measurement the reveal prints."""
+    nb = cells("notebooks", name)
+    span = reveal_span(nb)
+    group: list[int] = []
+    spoiled = []
+    for i in span:
+        group.append(i)
+        if "reveal(" not in nb[i].source:
+            continue
+        lines = "".join(o.get("text", "") for o in nb[i].outputs).splitlines()
+        measured = next((re.sub(r"(: (right|not what happened).*| \(write .*)$", "", ln[len("measured: "):])
+                         for ln in lines if ln.startswith("measured: ")), None)
+        assert measured is not None, f"notebooks/{name}: cell {nb[i].get('id')} has no stored 'measured:' line"
+        spoiled += [f"cell {nb[j].get('id')} previews {measured}: {first_output_line(nb[j])!r}"
+                    for j in group if nb[j].get("id") not in INCIDENTAL and gives_away(first_output_line(nb[j]), measured)]
+        group = []
+    assert not spoiled, f"notebooks/{name}: collapsed outputs give answers away: " + "; ".join(spoiled)

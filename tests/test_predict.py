@@ -7,8 +7,16 @@ from course_tools.predict import judge, reveal
 
 def test_missing_prediction_shows_the_measurement_and_the_reason(capsys):
     assert reveal(..., (2, 3), why="because.") is None and not judge(..., (2, 3))
-    assert capsys.readouterr().out == ("measured: (2, 3) (write your prediction first, then run this cell again)\n"
-                                       "why: because.\n")
+    assert capsys.readouterr().out == ("your prediction: none yet (write it in the cell above, then run this cell again)\n"
+                                       "measured: (2, 3)\nwhy: because.\n")
+
+
+def test_the_first_line_never_holds_the_measurement(capsys):
+    # JupyterLab shows the first line of a collapsed output: it must not give the answer away
+    for prediction in (..., 7, (2, 3)):
+        reveal(prediction, (2, 3), why="w")
+        first = capsys.readouterr().out.splitlines()[0]
+        assert first.startswith("your prediction:") and "(2, 3)" not in first.replace(repr(prediction), "")
 
 
 def test_numbers_count_as_right_within_the_tolerance(capsys):
