@@ -146,6 +146,7 @@ def test_collapsed_outputs_do_not_preview_the_answer(name):
                          for ln in lines if ln.startswith("measured: ")), None)
         assert measured is not None, f"notebooks/{name}: cell {nb[i].get('id')} has no stored 'measured:' line"
         spoiled += [f"cell {nb[j].get('id')} previews {measured}: {first_output_line(nb[j])!r}"
-                    for j in group if nb[j].get("id") not in INCIDENTAL and gives_away(first_output_line(nb[j]), measured)]
+                    for j in group
+                    if nb[j].get("id") not in INCIDENTAL and gives_away(first_output_line(nb[j]), measured)]
         group = []
     assert not spoiled, f"notebooks/{name}: collapsed outputs give answers away: " + "; ".join(spoiled)

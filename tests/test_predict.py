@@ -7,8 +7,9 @@ from course_tools.predict import judge, reveal
 
 def test_missing_prediction_shows_the_measurement_and_the_reason(capsys):
     assert reveal(..., (2, 3), why="because.") is None and not judge(..., (2, 3))
-    assert capsys.readouterr().out == ("your prediction: none yet (write it in the cell above, then run this cell again)\n"
-                                       "measured: (2, 3)\nwhy: because.\n")
+    assert capsys.readouterr().out == (
+        "your prediction: none yet (write it in the cell above, then run this cell again)\n"
+        "measured: (2, 3)\nwhy: because.\n")
 
 
 def test_the_first_line_never_holds_the_measurement(capsys):

@@ -260,3 +260,29 @@ def noise_draw_ratio() -> float:
     """How many times more often word2vec's noise sampler (∝ count^0.75) draws a word seen 16 times than one
     seen once."""
     return 16 ** 0.75
+
+
+# --- experiment ----------------------------------------------------------------------------------
+
+def _near_share(window: int, n_tokens: int = 20_000) -> float:
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.arange(n_tokens)
+    centre, context = skipgram_pairs(ids, torch.zeros(n_tokens, dtype=torch.long), window, gen)
+    return float(((centre - context).abs() == 1).double().mean())
+
+
+@question(explain="with the dynamic window a pair at distance k is kept when the drawn reach is at least k, "
+                  "so distance 1 always counts and the share of next-door pairs is 2 / (w + 1): "
+                  "1/3 at w = 5, 0.29 at w = 6.",
+          hints=[known_wrong({
+              4: "with a fixed window every distance is equally common (share 1/w); the dynamic window "
+                 "keeps near pairs more often: pass a generator to skipgram_pairs",
+              5: "at w = 5 the share is 1/3, just above 0.3: count the pairs at distance 1 among all pairs",
+              7: "a smaller window already gives less than 30%: try every w from 1 up",
+              3: "at w = 3 half of the pairs are next-door words: count distance 1 only, not 1 and 2",
+          })])
+def smallest_window_near_share() -> int:
+    """Experiment: the smallest window w in 1..10 at which fewer than 30% of the dynamic-window
+    (centre, context) pairs are words at distance 1."""
+    with torch_threads(1):  # small tensors: on busy shared cores, more threads only slow the grader down
+        return next(w for w in range(1, 11) if _near_share(w) < 0.3)
