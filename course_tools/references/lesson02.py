@@ -228,15 +228,16 @@ def mask_for_pattern() -> str:
                 if torch.allclose(softmax(scores.masked_fill(~m, float("-inf")), dim=-1), WEIGHT_PATTERN))
 
 
-@question(explain="equal scores give equal weights, and the 8 weights sum to one: 1/8 = 0.125.", atol=1e-3,
+@question(explain="equal scores give equal weights, and the 16 weights sum to one: 1/16 = 0.0625.", atol=1e-4,
           hints=[known_wrong({
               1: "the weights of one query sum to one over the keys; equal scores share it",
               0: "equal scores do not cancel out: the softmax shares the weight equally",
-              0.5: "there are 8 keys, not 2",
+              0.5: "there are 16 keys, not 2",
+              0.25: "1/4 = 1/√16; the weights are 1/16 each: they sum to one",
           })])
 def uniform_weight() -> float:
-    """The weight of each key when all 8 scores of one query are equal."""
-    return 1 / 8
+    """The weight of each key when all 16 scores of one query are equal."""
+    return 1 / 16
 
 
 # --- experiment: compare two variants ------------------------------------------------------------

@@ -328,17 +328,17 @@ def predictions_scored() -> int:
     return 6
 
 
-@question(explain="every one of the 3 beams of each of the 4 sources is extended by every one of the 20 tokens: "
-                  "4 × 3 × 20 = 240 candidates, of which the 3 best per source are kept.",
+@question(explain="every one of the 7 beams of each of the 3 sources is extended by every one of the 20 tokens: "
+                  "3 × 7 × 20 = 420 candidates, of which the 7 best per source are kept.",
           hints=[known_wrong({
-              60: "that is one source; the batch holds 4, each with its own 3 beams",
-              12: "12 beams are kept (3 per source), but each is extended by all 20 tokens to choose them",
-              80: "each of the 3 beams is extended, not only one per source",
-              27: "the candidates multiply (each beam × each token), they do not add",
+              140: "that is one source; the batch holds 3, each with its own 7 beams",
+              21: "21 beams are kept (7 per source), but each is extended by all 20 tokens to choose them",
+              60: "each of the 7 beams is extended, not only one per source",
+              30: "the candidates multiply (each beam × each token), they do not add",
           })])
 def batched_beam_candidates() -> int:
-    """Candidates scored in one beam-search step for a batch of 4 sources, 3 beams each, 20 target tokens."""
-    return 4 * 3 * 20
+    """Candidates scored in one beam-search step for a batch of 3 sources, 7 beams each, 20 target tokens."""
+    return 3 * 7 * 20
 
 
 @question(explain="100100 is 10 in the 만 group and 100 in the last: 십만 (a lone 1 before 십 is silent), a space "
