@@ -1,5 +1,5 @@
 """Exercises of lesson 00: tensor shapes with einops (flatten, reduce, einsum), three self-check
-questions and one experiment (how fast an average settles as T grows)."""
+questions and one experiment (the exponent with which an average settles as T grows)."""
 
 from __future__ import annotations
 
@@ -69,26 +69,32 @@ def pairwise_dots(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 # --- self-check questions ------------------------------------------------------------------------
 
-@question(explain="h=4 cuts D=12 into 4 heads of d=3, and the output pattern puts h before t: (B, H, T, D/H).",
+@question(explain="h=4 cuts D=12 into 4 heads of d=3, and (b h) merges the heads into the batch axis, "
+                  "batch-major: (B·H, T, D/H) = (8, 5, 3).",
           hints=[known_wrong({
-              (2, 5, 4, 3): "that is the split before the axes move: the output pattern is 'b h t d', h before t",
-              (2, 4, 5, 12): "h=4 does not copy D: it cuts D=12 into 4 pieces of 3",
-              (2, 3, 5, 4): "h is given (4), so d is what is left: 12 / 4 = 3",
+              (2, 4, 5, 3): "that is 'b h t d': here b and h are merged into one axis, (b h)",
+              (8, 5, 12): "the heads are cut out of D: each keeps D/H = 3 features, not all 12",
+              (2, 20, 3): "(b h) merges b with h, not t with h: the positions stay a separate axis of 5",
           })])
-def heads_shape() -> tuple:
-    """The shape of rearrange(x, "b t (h d) -> b h t d", h=4) for x of shape (2, 5, 12)."""
-    return tuple(rearrange(torch.zeros(2, 5, 12), "b t (h d) -> b h t d", h=4).shape)
+def merged_heads_shape() -> tuple:
+    """The shape of rearrange(x, "b t (h d) -> (b h) t d", h=4) for x of shape (2, 5, 12)."""
+    return tuple(rearrange(torch.zeros(2, 5, 12), "b t (h d) -> (b h) t d", h=4).shape)
 
 
-@question(explain="axes are indexed in the order (B, T, D): x[1, 2] is sequence 1, position 2, a vector of D numbers.",
+PATTERNS = {"a": ("b t (h d) -> t b h d", 4), "b": ("b t (d h) -> b t d h", 4),
+            "c": ("b t (h d) -> b h t d", 3), "d": ("b t (h d) -> t b d h", 4)}
+
+
+@question(explain="(h d) with h = 4 cuts D = 12 into h = 4 and d = 3; 't b d h' lists them as (5, 2, 3, 4).",
           hints=[known_wrong({
-              "a": "x[2, 1] reads the axes the other way round: the batch axis comes first, x[b, t]",
-              "c": "x[:, 2] is position 2 of every sequence, a (B, D) matrix",
-              "d": "x[..., 1, 2] indexes the last two axes (T and D): one number per sequence",
+              "a": "'t b h d' with h = 4 puts the 4 heads before the 3 features: (5, 2, 4, 3)",
+              "b": "'b t d h' keeps the batch axis first: (2, 5, 3, 4)",
+              "c": "'b h t d' with h = 3 gives (2, 3, 5, 4): the batch axis stays first",
           })])
-def token_index() -> str:
-    """Multiple choice: which expression is the vector of token 2 of sequence 1?"""
-    return "b"
+def pattern_for_shape() -> str:
+    """Multiple choice: which rearrange turns x of shape (2, 5, 12) into shape (5, 2, 3, 4)?"""
+    x = torch.zeros(2, 5, 12)
+    return next(k for k, (pattern, h) in PATTERNS.items() if rearrange(x, pattern, h=h).shape == (5, 2, 3, 4))
 
 
 @question(explain="one product per (b, t, s, d): 2·3·5·4 = 120; d is summed away, b, t and s stay in the output.",
@@ -102,22 +108,28 @@ def einsum_products() -> int:
     return 2 * 3 * 5 * 4
 
 
-# --- experiment ----------------------------------------------------------------------------------
+# --- experiment: fit an exponent -----------------------------------------------------------------
+
+SPREAD_TS = (1, 4, 16, 64, 256)
+
 
 def _mean_std(T: int, n: int = 4_000, D: int = 16) -> float:
-    x = torch.randn(n, T, D, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(n, T, D, generator=torch.Generator().manual_seed(T))
     return float(reduce(x, "b t d -> b d", "mean").std())
 
 
-@question(explain="the average of T independent unit-variance numbers has standard deviation 1/√T: "
-                  "1/√64 = 0.125, 1/√128 ≈ 0.088.",
+@question(explain="the average of T independent unit-variance numbers has standard deviation T^(−1/2) = 1/√T: "
+                  "on a log-log plot a straight line of slope −0.5.",
+          atol=0.03,
           hints=[known_wrong({
-              64: "at T = 64 the spread is still about 0.125: the standard deviation falls like 1/√T, not 1/T",
-              100: "T must be a power of two; 1/√T < 0.1 first holds on the grid at the next one",
-              16: "the spread falls like 1/√T: at T = 16 it is 0.25 (a 1/T guess would give 0.0625)",
-              8: "the spread falls like 1/√T, not 1/T: at T = 8 it is about 0.35",
+              -1.0: "a slope of −1 means the spread falls like 1/T; it is the variance that does",
+              0.5: "the spread shrinks as T grows: the slope is negative",
+              -0.25: "fit log(spread) against log(T) in the same base on both axes (or natural logs on both)",
           })])
-def smallest_t_below_a_tenth() -> int:
-    """Experiment: the smallest T in 1, 2, 4, ..., 1024 at which the mean over T of N(0, 1)
-    token vectors has a standard deviation below 0.1, measured."""
-    return next(T for T in (2**i for i in range(11)) if _mean_std(T) < 0.1)
+def spread_exponent() -> float:
+    """Experiment: the least-squares slope of log(standard deviation of the mean over T) against log T,
+    for T = 1, 4, 16, 64, 256 (N = 4,000 sequences of D = 16 standard normal entries each)."""
+    lx = torch.log(torch.tensor(SPREAD_TS, dtype=torch.float64))
+    ly = torch.log(torch.tensor([_mean_std(T) for T in SPREAD_TS], dtype=torch.float64))
+    lx, ly = lx - lx.mean(), ly - ly.mean()
+    return float((lx * ly).sum() / (lx * lx).sum())

@@ -210,16 +210,17 @@ def analogy_3cosadd(E: torch.Tensor, a: int, b: int, c: int) -> torch.Tensor:
 
 # --- self-check questions ------------------------------------------------------------------------
 
-@question(explain="skip-gram keeps two tables of one row per word: in_embed (V × D) and out_embed (V × D), "
-                  "2 · 9,119 · 100 = 1,823,800 numbers.",
+@question(explain="one shared table of one row per word: V · D = 9,119 · 300 = 2,735,700 numbers (the lesson's "
+                  "two untied tables of width 100 hold 1,823,800).",
           hints=[known_wrong({
-              911_900: "that is one table; skip-gram trains two, in_embed (centre words) and out_embed (context words)",
-              83_156_161: "nothing here is V × V: each table holds one row of D numbers per word",
-              200: "the tables have one row per word of the vocabulary, not one number per dimension",
+              5_471_400: "that is two tables; tied, the centre and context vectors are one and the same table",
+              1_823_800: "that is the lesson's model: two tables of width 100; here it is one table of width 300",
+              911_900: "that is one table of the lesson's width 100; here D = 300",
           })])
-def skipgram_parameters() -> int:
-    """The trainable numbers of lesson 01's SkipGram for V = 9,119 words and D = 100."""
-    return 2 * 9_119 * 100
+def tied_skipgram_parameters() -> int:
+    """The trainable numbers of a skip-gram model for V = 9,119 words and D = 300 whose centre and context
+    vectors are one shared table (the lesson's SkipGram keeps two)."""
+    return 9_119 * 300
 
 
 @question(explain="with u = 0 every score is 0 and each of the 1 + K = 11 terms is −log σ(0) = log 2: "
@@ -260,16 +261,17 @@ def analogy_choice() -> str:
     return "b"
 
 
-@question(explain="a power below 1 flattens the distribution: rare words get more than their share of the "
-                  "draws and the most frequent words less.",
+@question(explain="chances ∝ count^0.75: 16^0.75 / 1^0.75 = 2^3 = 8, where plain counts would give 16.",
+          atol=0.01,
           hints=[known_wrong({
-              "a": "a power above 1 would favour frequent words; 0.75 < 1 flattens the counts",
-              "c": "count^0.75 is not proportional to count: the ratio of two words' chances shrinks",
-              "d": "every word equally often is the power 0; 0.75 flattens only part of the way",
+              16: "16 is the ratio of the counts: the power 0.75 flattens it",
+              12: "the power applies to the counts, not to the ratio times 0.75: 16^0.75 = (2^4)^0.75 = 2^3",
+              2: "16^0.75 = 2^(4 · 0.75) = 2^3, not 2^(4 · 0.25)",
           })])
-def noise_power_choice() -> str:
-    """Multiple choice: what drawing noise words ∝ count^0.75 instead of ∝ count changes."""
-    return "b"
+def noise_draw_ratio() -> float:
+    """How many times more often word2vec's noise sampler (∝ count^0.75) draws a word seen 16 times than one
+    seen once."""
+    return 16 ** 0.75
 
 
 # --- experiment ----------------------------------------------------------------------------------

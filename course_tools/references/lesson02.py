@@ -1,6 +1,6 @@
 """Exercises of lesson 02: a stable softmax, the weights of one query, one attention head,
 causal attention and a padding mask from lengths; four self-check questions and one experiment
-(where the unscaled softmax saturates).
+(how much entropy the √d_k scaling gives back).
 
 The hints rebuild the usual mistakes (wrong softmax axis, no √d_k, mask applied after the softmax,
 the mask turned upside down) and say which one an answer matches.
@@ -179,70 +179,99 @@ def lengths_to_mask(lengths: torch.Tensor, max_len: int) -> torch.Tensor:
 
 # --- self-check questions ------------------------------------------------------------------------
 
-@question(explain="each of the 5 queries gets one score per key (5 keys), in each of the 3 heads of each of "
-                  "the 2 sequences: d_k is summed away.",
+@question(explain="each of the 5 queries gets one score per key, and here there are 7 keys: (B, H, T, S) = "
+                  "(2, 3, 5, 7); d_k is summed away.",
           hints=[known_wrong({
+              (2, 3, 5, 5): "the keys have their own length S = 7: one score per (query, key) pair, (B, H, T, S)",
+              (2, 3, 7, 5): "the queries index the rows: (B, H, T, S), T = 5 before S = 7",
               (2, 3, 5, 8): "the product sums over d_k: each (query, key) pair gives one number, so d_k disappears",
-              (2, 3, 8, 8): "that contracts over T: transpose the last two axes of k, not of q",
-              (2, 5, 3, 5): "the heads stay where they are: (B, H, T, S)",
-              (2, 5, 5): "each head has its own score matrix: the H = 3 axis stays",
+              (2, 5, 7): "each head has its own score matrix: the H = 3 axis stays",
           })])
-def scores_shape() -> tuple:
-    """The shape of q @ k.transpose(-2, -1) for q, k of shape (B=2, H=3, T=5, d_k=8)."""
-    return (2, 3, 5, 5)
+def cross_scores_shape() -> tuple:
+    """The shape of q @ k.transpose(-2, -1) for q (B=2, H=3, T=5, d_k=8) and k (B=2, H=3, S=7, d_k=8)."""
+    return tuple((torch.zeros(2, 3, 5, 8) @ torch.zeros(2, 3, 7, 8).transpose(-2, -1)).shape)
 
 
-@question(explain="q·k sums 64 independent products of variance 1, and variances of independent terms add: 64.",
-          atol=0.5,
+@question(explain="q·k has variance d_k = 64; dividing by d_k divides the variance by d_k² = 4,096: 64 / 4,096 "
+                  "= 1/64 ≈ 0.0156, so the scores are nearly equal and the softmax nearly uniform.",
+          atol=1e-3,
           hints=[known_wrong({
-              8: "8 = √64 is the standard deviation; the variance is its square",
-              1: "1 is the variance after dividing by √d_k; the question asks before the scaling",
-              4096: "the variances of the 64 independent products add up: 64 × 1, not 64²",
+              1: "1 is the variance after dividing by √d_k; dividing by d_k shrinks it further",
+              0.125: "0.125 = 1/8 is the standard deviation of q·k / 64; the variance is its square",
+              64: "64 is the variance before any scaling",
           })])
-def unscaled_variance() -> float:
-    """The variance of q·k for q, k with d_k = 64 independent entries of mean 0 and variance 1."""
-    return 64.0
+def over_scaled_variance() -> float:
+    """The variance of q·k / d_k (divided by d_k, not √d_k) for d_k = 64 independent N(0, 1) entries."""
+    return 64 / 64**2
 
 
-@question(explain="row t may attend to keys 0..t: the lower triangle with its diagonal (torch.tril).",
+WEIGHT_PATTERN_MASKS = {
+    "a": torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.bool),
+    "b": torch.tensor([[1, 0, 0], [0, 1, 0], [0, 0, 1]], dtype=torch.bool),
+    "c": torch.tensor([[1, 0, 0], [1, 1, 0], [0, 1, 1]], dtype=torch.bool),
+    "d": torch.tensor([[1, 1, 0], [1, 1, 1], [0, 1, 1]], dtype=torch.bool),
+}
+WEIGHT_PATTERN = torch.tensor([[1, 0, 0], [1 / 2, 1 / 2, 0], [0, 1 / 2, 1 / 2]])
+
+
+@question(explain="with equal scores every allowed key gets the same share, so the weights show the mask: "
+                  "query 2 splits its weight between keys 1 and 2 only, a causal window of two keys.",
           hints=[known_wrong({
-              "a": "in (a) row 0 sees every key: that lets each query see the future (the mask is upside down)",
-              "c": "in (c) no position sees itself; a causal mask keeps the diagonal (key t for query t)",
-              "d": "in (d) each position sees only itself; a causal mask also keeps the past",
+              "a": "(a) is the full causal mask: query 2 would split its weight over 3 keys, 1/3 each",
+              "b": "(b) lets each query see only itself: every weight would be 1 on the diagonal",
+              "d": "(d) lets query 0 see key 1 too: its row would be 1/2, 1/2, 0",
           })])
-def causal_choice() -> str:
-    """Multiple choice: which of four 3 × 3 masks (True = may attend) is causal."""
-    return "b"
+def mask_for_pattern() -> str:
+    """Multiple choice: which 3 × 3 mask, with all scores equal, gives the weights WEIGHT_PATTERN."""
+    scores = torch.zeros(3, 3)
+    return next(k for k, m in WEIGHT_PATTERN_MASKS.items()
+                if torch.allclose(softmax(scores.masked_fill(~m, float("-inf")), dim=-1), WEIGHT_PATTERN))
 
 
-@question(explain="equal scores give equal weights, and the 8 weights sum to one: 1/8 = 0.125.", atol=1e-3,
+@question(explain="equal scores give equal weights, and the 16 weights sum to one: 1/16 = 0.0625.", atol=1e-4,
           hints=[known_wrong({
               1: "the weights of one query sum to one over the keys; equal scores share it",
               0: "equal scores do not cancel out: the softmax shares the weight equally",
-              0.5: "there are 8 keys, not 2",
+              0.5: "there are 16 keys, not 2",
+              0.25: "1/4 = 1/√16; the weights are 1/16 each: they sum to one",
           })])
 def uniform_weight() -> float:
-    """The weight of each key when all 8 scores of one query are equal."""
-    return 1 / 8
+    """The weight of each key when all 16 scores of one query are equal."""
+    return 1 / 16
 
 
-# --- experiment ----------------------------------------------------------------------------------
+# --- experiment: compare two variants ------------------------------------------------------------
 
-def _mean_max_weight(d_k: int, n_queries: int = 4_000, n_keys: int = 16) -> float:
+def _entropies(d_k: int = 128, n_queries: int = 4_000, n_keys: int = 16) -> dict[str, float]:
+    """Mean entropy (nats) of one query's weights over 16 keys: scores unscaled, / √d_k, / d_k."""
     gen = torch.Generator().manual_seed(0)
     q, k = torch.randn(n_queries, 1, d_k, generator=gen), torch.randn(n_queries, n_keys, d_k, generator=gen)
-    return float(softmax(q @ k.transpose(-2, -1), dim=-1).amax(dim=-1).mean())
+    scores = (q @ k.transpose(-2, -1))[:, 0]
+    def entropy(p: torch.Tensor) -> float:
+        return float(-(p * torch.log(p.clamp_min(1e-30))).sum(-1).mean())
+    return {"raw": entropy(softmax(scores, dim=-1)), "scaled": entropy(softmax(scores / math.sqrt(d_k), dim=-1)),
+            "over": entropy(softmax(scores / d_k, dim=-1))}
 
 
-@question(explain="unscaled scores have standard deviation √d_k: the gap between the best key and the rest "
-                  "grows with it, and the mean largest weight passes 0.9 between d_k = 128 (about 0.89) and 256.",
-          hints=[known_wrong({
-              128: "at d_k = 128 the mean largest weight is about 0.89, just under 0.9: average over more queries",
-              1024: "d_k = 1024 is the notebook's last row; a smaller d_k already passes 0.9",
-              512: "a smaller d_k already passes 0.9: measure every power of two, from 1 up",
-              64: "at d_k = 64 the mean largest weight is about 0.85: are your scores scaled by √d_k? They must not be",
-          })])
-def smallest_saturating_d_k() -> int:
-    """Experiment: the smallest d_k in 1, 2, 4, ..., 1024 at which the unscaled softmax over 16 keys
-    puts more than 0.9 on its largest weight, on average over random N(0, 1) queries and keys."""
-    return next(d for d in (2**i for i in range(11)) if _mean_max_weight(d) > 0.9)
+def _entropy_slips(case, got, expected) -> str | None:
+    if not isinstance(got, (int, float)) or isinstance(got, bool):
+        return None
+    h = _entropies()
+    if got < 0:
+        return "subtract the unscaled entropy from the scaled one: the scaling spreads the weights, so it is positive"
+    if abs(got - (math.log(16) - h["raw"])) < 0.05:
+        return "ln 16 is the entropy of uniform weights; measure the scaled weights, they are not uniform"
+    if abs(got - (h["over"] - h["raw"])) < 0.05:
+        return "that divides by d_k; the scaled variant divides by √d_k"
+    return None
+
+
+@question(explain="unscaled scores have standard deviation √128 ≈ 11: the softmax puts almost everything on one "
+                  "key (entropy about 0.28 nats); scaled, the scores have variance 1 and the weights keep about "
+                  "2.36 of ln 16 ≈ 2.77 nats. The scaling gives back about 2.08 nats.",
+          atol=0.05, hints=[_entropy_slips])
+def entropy_recovered() -> float:
+    """Experiment: at d_k = 128, the mean entropy (nats) of one query's softmax over 16 keys with the scores
+    divided by √d_k, minus the same with unscaled scores (random N(0, 1) queries and keys)."""
+    h = _entropies()
+    return h["scaled"] - h["raw"]

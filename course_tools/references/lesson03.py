@@ -1,6 +1,6 @@
 """Exercises of lesson 03: split and merge heads, the multi-head forward pass, the parameter count
 of the layer and the bottom-right causal mask a KV cache needs; four self-check questions and one
-experiment (the rank of one head's score matrix as the heads get narrower)."""
+experiment (which number of heads gives one head's score matrix a measured rank)."""
 
 from __future__ import annotations
 
@@ -178,29 +178,28 @@ def kv_causal_mask(T: int, S: int) -> torch.Tensor:
 
 # --- self-check questions ------------------------------------------------------------------------
 
-@question(explain="8 heads of width 512 / 8 = 64 each; the head axis goes before the positions: (B, H, T, d).",
+@question(explain="W_Q maps 512 to 256 columns, cut into 8 heads of 256 / 8 = 32: (B, H, T, d_k) = (2, 8, 10, 32).",
           hints=[known_wrong({
-              (2, 10, 8, 64): "the head axis comes before the positions: each head holds a (T, d) matrix",
-              (2, 8, 10, 512): "the heads share the 512 columns of x W_Q: each is 512 / 8 = 64 wide",
-              (8, 2, 10, 64): "the batch axis stays first: (B, H, T, d)",
-              (2, 10, 512): "that is x W_Q before the split; split_heads gives every head its own axis",
+              (2, 8, 10, 64): "64 = 512 / 8 splits the input width; the heads share the 256 columns W_Q produces",
+              (2, 10, 8, 32): "the head axis comes before the positions: each head holds a (T, d_k) matrix",
+              (2, 8, 10, 256): "the 8 heads share the 256 columns of x W_Q: each is 256 / 8 = 32 wide",
+              (8, 2, 10, 32): "the batch axis stays first: (B, H, T, d_k)",
           })])
-def split_shape() -> tuple:
-    """The shape of split_heads(x @ W_Q, 8) for x of shape (B=2, T=10, D=512) and W_Q (512, 512)."""
-    return (2, 8, 10, 64)
+def narrow_split_shape() -> tuple:
+    """The shape of split_heads(x @ W_Q, 8) for x of shape (B=2, T=10, D=512) and W_Q of shape (512, 256)."""
+    return (2, 8, 10, 256 // 8)
 
 
-@question(explain="four 512 × 512 matrices and four bias vectors of length 512: 4·512² + 4·512 = 1,050,624, "
-                  "the same for any number of heads.",
+@question(explain="four 256 × 256 matrices and no biases: 4·256² = 262,144, the same for any number of heads.",
           hints=[known_wrong({
-              4 * 512**2: "the weights are right; each of the four layers also has 512 biases",
-              8 * (4 * 512**2 + 4 * 512): "the 8 heads share the four matrices: each head gets 512 / 8 columns, "
-                                          "not a full 512 × 512 matrix of its own",
-              3 * 512**2 + 3 * 512: "W_O is missing: it maps the concatenated heads (512) back to 512",
+              4 * 256**2 + 4 * 256: "bias=False: the four projections have no bias vectors",
+              4 * (4 * 256**2): "the 4 heads share the four matrices: each gets 256 / 4 columns, not its own",
+              3 * 256**2: "W_O is missing: it maps the concatenated heads (256) back to 256",
+              256**2: "there are four projections, W_Q, W_K, W_V and W_O",
           })])
-def mha_parameters() -> int:
-    """The parameters of MultiHeadAttention(d_model=512, n_heads=8) with biases."""
-    return 4 * 512**2 + 4 * 512
+def mha_parameters_no_bias() -> int:
+    """The parameters of MultiHeadAttention(d_model=256, n_heads=4, bias=False)."""
+    return 4 * 256**2
 
 
 @question(explain="the n × n weights grow with n²: 4,096 tokens are 4 times 1,024, so the matrix is "
@@ -227,7 +226,7 @@ def path_choice() -> str:
     return "c"
 
 
-# --- experiment ----------------------------------------------------------------------------------
+# --- experiment: detect which configuration produced a result -----------------------------------
 
 def _score_rank(n_heads: int, n_tokens: int = 32, d_model: int = 64) -> int:
     gen = torch.Generator().manual_seed(0)
@@ -238,14 +237,17 @@ def _score_rank(n_heads: int, n_tokens: int = 32, d_model: int = 64) -> int:
     return int(torch.linalg.matrix_rank((x @ W_Q)[:, :d_k] @ (x @ W_K)[:, :d_k].T))
 
 
-@question(explain="head i's scores are q_i k_iᵀ, a product of two 32 × d_k matrices, so their rank is at most "
-                  "d_k = 64 / n_heads: 16 heads of width 4 give rank 4, the first below 8 (8 heads give exactly 8).",
+HEAD_OPTIONS = {"a": 8, "b": 2, "c": 16}
+OBSERVED_RANK = 8
+
+
+@question(explain="head 0's scores q_0 k_0ᵀ are a product of two 32 × d_k matrices, so their rank is "
+                  "min(32, d_k) with d_k = 64 / n_heads: 2 heads give 32, 8 heads 8, 16 heads 4.",
           hints=[known_wrong({
-              8: "8 heads have width 64 / 8 = 8 and rank exactly 8, which is not below 8",
-              1: "a head is d_model / n_heads columns wide, not n_heads columns",
-              32: "with 32 heads the rank is 2; a smaller number of heads already gives a rank below 8",
+              "b": "2 heads are 32 wide: the rank is 32 (the 32 tokens are the limit), not 8",
+              "c": "16 heads are 64 / 16 = 4 wide: their score matrix has rank 4",
           })])
-def smallest_low_rank_heads() -> int:
-    """Experiment: the smallest number of heads in 1, 2, 4, ..., 32 (d_model = 64, 32 random tokens) at
-    which head 0's score matrix q_0 k_0ᵀ has a rank below 8."""
-    return next(h for h in (1, 2, 4, 8, 16, 32) if _score_rank(h) < 8)
+def heads_from_rank() -> str:
+    """Experiment: which of 8, 2 or 16 heads (d_model = 64, 32 random tokens) gives head 0 a score matrix
+    q_0 k_0ᵀ of rank 8, measured for each."""
+    return next(k for k, h in HEAD_OPTIONS.items() if _score_rank(h) == OBSERVED_RANK)

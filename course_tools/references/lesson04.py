@@ -224,29 +224,31 @@ def plain_gradient_factor() -> float:
     return 0.5**10
 
 
-@question(explain="a block has 12d² + 13d parameters: the d² terms dominate, so doubling d multiplies the "
-                  "count by about 2² = 4.",
-          atol=0.05,
+@question(explain="W_in is 64 × 256 with 256 biases, W_out 256 × 64 with 64 biases: 16,640 + 16,448 = 33,088.",
           hints=[known_wrong({
-              2: "the count is not linear in d: every weight matrix is d × d or d × 4d, so it grows like d²",
-              8: "the matrices are two-dimensional (d²), not three-dimensional",
-              16: "only the width doubles, not d_ff separately: d × 4d becomes 2d × 8d, four times as many",
+              2 * 64 * 256: "the weights are right; W_in adds 256 biases and W_out 64",
+              2 * 64 * 256 + 2 * 256: "W_out's bias has one entry per output feature: 64, not 256",
+              2 * 64 * 256 + 2 * 64: "W_in's bias has one entry per hidden unit: 256, not 64",
+              64 * 256 + 256: "that is W_in only; the FFN also maps the 256 hidden units back to 64",
           })])
-def params_doubling() -> float:
-    """By what factor (about) doubling d_model, with d_ff = 4 d_model, multiplies a block's parameters."""
-    return 4.0
+def ffn_parameters() -> int:
+    """The parameters of the FFN (W_in, b_in, W_out, b_out) of a block with d_model = 64 and d_ff = 256."""
+    return 64 * 256 + 256 + 256 * 64 + 64
+
+
+PRE_LN_OPTIONS = {"a": "LN(x + F(x))", "b": "x + LN(F(x))", "c": "LN(x) + F(x)", "d": "x + F(LN(x))"}
 
 
 @question(explain="pre-LN normalises the input of the sublayer and adds its output to the raw x: the "
                   "residual stream itself is never normalised.",
           hints=[known_wrong({
               "a": "(a) normalises after the addition: that is post-LN, the 2017 order",
+              "b": "(b) normalises F's output; pre-LN normalises F's input",
               "c": "(c) adds F(x) to a normalised stream: the identity path would then pass through LN",
-              "d": "(d) normalises F's output; pre-LN normalises F's input",
           })])
 def pre_ln_choice() -> str:
     """Multiple choice: which of four update rules is the pre-LN sublayer."""
-    return "b"
+    return next(k for k, rule in PRE_LN_OPTIONS.items() if rule == "x + F(LN(x))")
 
 
 # --- experiment ----------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Exercises of lesson 05: sinusoidal encodings, the rotation R(k), applying RoPE, the ALiBi bias;
-five self-check questions and one experiment (how fast RoPE's score of two equal tokens decays with
-their distance)."""
+five self-check questions and one experiment (where RoPE's score of two equal tokens first falls to
+half as they move apart)."""
 
 from __future__ import annotations
 
@@ -175,7 +175,7 @@ def learned_table_params() -> int:
               "d": "the rotation acts on q and k, so the score still depends on what the tokens are",
           })])
 def rope_depends_on() -> str:
-    """Multiple choice: what RoPE's score of a query at m and a key at n depends on (answer b)."""
+    """Multiple choice: what RoPE's score of a query at m and a key at n depends on ."""
     return "b"
 
 
@@ -191,27 +191,35 @@ def alibi_slope() -> float:
     return float(alibi_slopes(8)[2])
 
 
-# --- experiment ----------------------------------------------------------------------------------
+# --- experiment: find where a curve crosses ----------------------------------------------------
 
-def _mean_same_content_score(distance: int, d_head: int = 64, n_vectors: int = 4_000) -> float:
-    gen = torch.Generator().manual_seed(distance)
-    x = torch.randn(n_vectors, 1, d_head, generator=gen)
-    return float((apply_rope(x, [distance]) * apply_rope(x, [0])).sum(-1).mean())
+MAX_DISTANCE = 64
+
+
+def _mean_same_content_scores(d_head: int = 64, n_vectors: int = 8_000) -> list[float]:
+    """The score of a query at distance Δ = 0 … 64 from a key of the same random content, averaged."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(n_vectors, 1, d_head, generator=gen).expand(n_vectors, MAX_DISTANCE + 1, d_head)
+    rotated = apply_rope(x, list(range(MAX_DISTANCE + 1)))
+    return (rotated * rotated[:, :1]).sum(-1).mean(0).tolist()
 
 
 @question(explain="for equal contents the score is Σ_i |x_pair i|² cos(ω_i Δ), on average 2·Σ_i cos(ω_i Δ): "
-                  "the fast pairs turn out of phase first, and the average falls below half of its value "
-                  "at Δ = 0 between Δ = 32 (about 0.61) and 64 (about 0.43); it rises again from 128 to 256.",
+                  "the fast pairs turn out of phase first, and the average first falls below half of its value "
+                  "at Δ = 0 between Δ = 27 and 28, at about 27.9 (it rises above half again after 28).",
+          atol=0.2,
           hints=[known_wrong({
-              8: "with ω_i = 10000^(−i/d) the frequencies are too high and the score falls too soon: "
-                 "the exponent is 2i/d",
-              32: "that is the answer for d_head = 16 (the lesson's d); the experiment uses d_head = 64",
-              1: "the key must hold the same content as the query (one random vector, rotated twice); "
-                 "independent vectors score about 0 at every distance",
+              27: "27 is the last distance still above half; the curve crosses between 27 and 28: interpolate",
+              4.42: "with ω_i = 10000^(−i/d) the frequencies are too high and the score falls too soon: "
+                    "the exponent is 2i/d",
+              8.71: "that is the crossing for d_head = 16 (the lesson's d); the experiment uses d_head = 64",
+              64: "the curve comes back above half after Δ = 28: find where it first crosses, at every integer Δ",
           })])
-def rope_half_distance() -> int:
-    """Experiment: the smallest distance Δ in 1, 2, 4, ..., 1024 at which RoPE's score between a query
-    and a key of the same random content (d_head = 64, N(0, 1) entries), averaged over random
-    vectors, falls below half of its value at distance 0."""
-    at_zero = _mean_same_content_score(0)
-    return next(k for k in (2**i for i in range(11)) if _mean_same_content_score(k) < 0.5 * at_zero)
+def rope_half_crossing() -> float:
+    """Experiment: where RoPE's mean score between a query and a key of the same random content
+    (d_head = 64, N(0, 1) entries) first falls below half of its value at distance 0, interpolated
+    linearly between the two integer distances around the crossing."""
+    scores = _mean_same_content_scores()
+    half = scores[0] / 2
+    after = next(k for k in range(1, MAX_DISTANCE + 1) if scores[k] < half)
+    return after - 1 + (scores[after - 1] - half) / (scores[after - 1] - scores[after])

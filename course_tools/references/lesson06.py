@@ -253,42 +253,55 @@ def contextual_similarity(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 # --- self-check questions ------------------------------------------------------------------------
 
-@question(explain="split_heads cuts the 384 numbers of each token into 12 heads of 384 / 12 = 32 and moves the "
-                  "head axis before T: (B, H, T, d_k).",
+@question(explain="with 6 heads each of the 384 numbers of a token goes to one of 6 heads of 384 / 6 = 64, "
+                  "and the head axis moves before T: (B, H, T, d_k) = (2, 6, 7, 64).",
           hints=[known_wrong({
-              (2, 7, 12, 32): "the head axis goes before T, so that each head is a batch of its own: (B, H, T, d_k)",
-              (2, 12, 7, 384): "the heads share the 384 numbers of a token: each gets d_model / H = 32",
-              (2, 7, 384): "that is before the split; split_heads adds the head axis",
-              (2, 12, 7, 7): "that is the shape of the attention weights; the question asks for the queries",
+              (2, 12, 7, 32): "that is the real model's 12 heads; with 6 heads each one is 384 / 6 = 64 wide",
+              (2, 7, 6, 64): "the head axis goes before T, so that each head is a batch of its own: (B, H, T, d_k)",
+              (2, 6, 7, 384): "the heads share the 384 numbers of a token: each gets d_model / H = 64",
+              (2, 6, 7, 32): "fewer heads means wider heads: 384 / 6 = 64, not 32",
           })])
-def split_queries_shape() -> tuple:
-    """The shape of the queries after split_heads in all-MiniLM-L6-v2 (D = 384, H = 12) for B = 2, T = 7."""
-    return (2, 12, 7, 32)
+def six_head_queries_shape() -> tuple:
+    """The shape of the queries after split_heads in all-MiniLM-L6-v2's width (D = 384) cut into 6 heads
+    instead of 12, for B = 2 sentences of T = 7 tokens."""
+    return (2, 6, 7, 384 // 6)
+
+
+BLOCK_ORDERS = {"a": "x + F(LN(x))", "b": "x + LN(F(x))", "c": "LN(F(x))", "d": "LN(x + F(x))"}
 
 
 @question(explain="BERT, like the 2017 paper, is post-LN: each sublayer's output is added to its input and the "
                   "sum is normalised, LN(x + F(x)).",
           hints=[known_wrong({
               "a": "(a) is pre-LN, GPT-2's order (lesson 04): x + F(LN(x)); BERT normalises after the addition",
+              "b": "(b) normalises only the sublayer's output; BERT normalises the sum x + F(x)",
               "c": "(c) has no residual connection: the block's input must be added back before the norm",
-              "d": "(d) normalises only the sublayer's output; BERT normalises the sum x + F(x)",
           })])
 def bert_block_order() -> str:
     """Multiple choice: which order of operations is BERT's encoder block."""
-    return "b"
+    return next(k for k, rule in BLOCK_ORDERS.items() if rule == "LN(x + F(x))")
 
 
-@question(explain="a block holds about 12·d² weights (4d² in attention, 8d² in the FFN with d_ff = 4d); "
-                  "doubling d doubles both sides of every matrix: about 2² = 4 times (the biases grow only 2×).",
-          atol=0.1,
+MINILM_PARAMETERS = 22_713_216  # printed by the lesson: embeddings, 6 blocks, pooler
+
+
+def _minilm_block_parameters() -> int:
+    with torch.device("meta"):
+        block = TransformerBlock(384, 12, d_ff=1536, norm_first=False)
+    return sum(p.numel() for p in block.parameters())
+
+
+@question(explain="one block holds 4·384² + 4·384 (attention) + 2·384·1,536 + 1,536 + 384 (FFN) + 4·384 "
+                  "(two LayerNorms) = 1,774,464; six more blocks add 10,646,784 to 22,713,216: 33,360,000.",
           hints=[known_wrong({
-              2: "the weight matrices are d × d and d × 4d: both of their sides double, not one",
-              8: "a matrix has two sides, not three: doubling both multiplies its size by 2 × 2",
-              16: "d_ff = 4d grows with d, but the FFN's matrices are still d × d_ff: 2 × 2, not 4 × 4",
+              2 * MINILM_PARAMETERS: "the embeddings (over half of the model) and the pooler do not double: "
+                                     "only the blocks are added",
+              MINILM_PARAMETERS + 6 * 1_772_928: "each block also has two LayerNorms of 2·384 parameters",
+              MINILM_PARAMETERS + 12 * 1_774_464: "the model already has 6 blocks: 6 more make 12",
           })])
-def block_growth() -> float:
-    """Doubling d_model (d_ff = 4 d_model) multiplies one encoder block's parameters by about ..."""
-    return 4.0
+def twelve_block_parameters() -> int:
+    """The parameters of all-MiniLM-L6-v2 with 12 blocks instead of 6, everything else unchanged."""
+    return MINILM_PARAMETERS + 6 * _minilm_block_parameters()
 
 
 @question(explain="only the real tokens count: (1 + 2 + 3 + 6) / 4 = 3; the padded positions count neither in "

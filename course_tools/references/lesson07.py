@@ -364,17 +364,17 @@ def nucleus_count() -> int:
     return int((top_p_filter(probs.log(), 0.8) > float("-inf")).sum())
 
 
-@question(explain="every block keeps one key and one value of width d = 768 per token (the 12 heads split d, "
-                  "they do not multiply it): 2 × 12 × 768 = 18,432 numbers.", atol=0.5,
+@question(explain="every block keeps one key and one value of width d = 1,024 per token (the 16 heads split d, "
+                  "they do not multiply it): 2 × 24 × 1,024 = 49,152 numbers.", atol=0.5,
           hints=[known_wrong({
-              9216: "a cache holds keys and values: two vectors per block and token",
-              1536: "every one of the 12 blocks keeps its own key and value",
-              768: "keys and values, in every one of the 12 blocks: 2 · L · d",
-              221184: "the 12 heads split d = 768 into 12 × 64; they do not multiply it",
+              24_576: "a cache holds keys and values: two vectors per block and token",
+              18_432: "that is GPT-2 small (12 blocks of 768); medium has 24 blocks of 1,024",
+              2_048: "every one of the 24 blocks keeps its own key and value",
+              786_432: "the 16 heads split d = 1,024 into 16 × 64; they do not multiply it",
           })])
-def kv_numbers_per_token() -> int:
-    """Numbers a KV cache of GPT-2 small (L = 12, d = 768) stores per token."""
-    return 2 * 12 * 768
+def kv_numbers_per_token_medium() -> int:
+    """Numbers a KV cache of GPT-2 medium (L = 24, d = 1,024, 16 heads) stores per token."""
+    return 2 * 24 * 1024
 
 
 # ------------------------------------------------------------------ experiment: the width of the nucleus

@@ -195,16 +195,19 @@ def _near(table: dict[float, str], atol: float) -> Callable:
     return hint
 
 
-@question(explain="logits near 0 make the softmax almost uniform: p(correct) ≈ 1/84, and −ln(1/84) = ln 84 ≈ 4.43.",
-          atol=0.05,
-          hints=[_near({84: "84 is the perplexity at initialisation; the loss is its logarithm, ln 84",
-                        6.39: "6.39 = log₂ 84 is the loss in bits; PyTorch's cross-entropy uses the natural log",
-                        1.92: "1.92 = log₁₀ 84; the cross-entropy uses the natural logarithm",
-                        0.0: "an untrained model is not certain of anything: the loss is far above 0",
-                        0.01: "≈ 1/84 is the probability of the right character, not the loss −ln p"}, atol=0.03)])
-def init_loss() -> float:
-    """The cross-entropy (nats) of a freshly initialised GPT-2-style model with V = 84 on real text."""
-    return math.log(84)
+@question(explain="the validation loss turns up while the training loss keeps falling: from about step 2,000 the "
+                  "model fits its own training text better at the expense of unseen text, it overfits; the "
+                  "checkpoint with the lowest validation loss is the one to keep.",
+          hints=[known_wrong({
+              "b": "a learning rate too high makes the training loss jump or diverge; here it falls steadily",
+              "c": "a model too small could not push the training loss down to 1.1 while validation rises",
+              "d": "a validation text of other works raises the whole validation curve; it does not make it turn "
+                   "up in the middle of the run",
+          })])
+def loss_curve_choice() -> str:
+    """Multiple choice: what a training loss falling steadily to 1.1 while the validation loss falls to 1.6
+    at step 2,000 and then rises to 1.9 by step 6,000 implies."""
+    return "a"
 
 
 @question(explain="windows overlap, so with a random split most validation windows would share their text with "
@@ -240,12 +243,12 @@ def tokens_per_step() -> int:
           hints=[known_wrong({
               "a": "decaying LayerNorm gains pulls them towards 0 and silently shrinks every normalised "
                    "activation: the course decays the matrices only",
-              "c": "it is the other way round: the matrices are decayed, the 1-D parameters are not",
+              "b": "it is the other way round: the matrices are decayed, the 1-D parameters are not",
               "d": "decoupled weight decay is a separate shrink step, not the learning rate",
           })])
 def decayed_params() -> str:
     """Multiple choice: which parameters the course's AdamW applies weight decay to."""
-    return "b"
+    return "c"
 
 
 @question(explain="6 N FLOPs per token = 6 · 10⁸, times 2 · 10⁵ tokens/s = 1.2 · 10¹⁴ FLOP/s = 120 TFLOP/s; "

@@ -237,30 +237,33 @@ def gqa_kv_head() -> int:
     return 13 // (32 // 8)
 
 
-@question(explain="2 (key and value) · 32 layers · 8 key/value heads · 128 numbers per head · 2 bytes = "
-                  "131,072 bytes (128 KiB) per token.",
+@question(explain="2 (key and value) · 40 layers · 8 key/value heads · 128 numbers per head · 2 bytes = "
+                  "163,840 bytes (160 KiB) per token.",
           hints=[known_wrong({
-              65536: "count both the key and the value of every head",
-              524288: "GQA caches the H_kv = 8 key/value heads, not the 32 query heads (that is LLaMA-2 7B's 512 KiB)",
-              262144: "bf16 takes 2 bytes per number, not 4",
-              4096: "that is one layer; multiply by the 32 layers",
+              81_920: "count both the key and the value of every head",
+              131_072: "that is LLaMA-3 8B's 32 layers; this model has 40",
+              819_200: "GQA caches the H_kv = 8 key/value heads, not the 40 query heads",
+              327_680: "bf16 takes 2 bytes per number, not 4",
+              4_096: "that is one layer; multiply by the 40 layers",
           })])
-def kv_bytes_llama3() -> int:
-    """Bytes of KV cache per token of LLaMA-3 8B in bf16: L = 32, H = 32, H_kv = 8, d_head = 128."""
-    return 2 * 32 * 8 * 128 * 2
+def kv_bytes_40_layers() -> int:
+    """Bytes of KV cache per token in bf16 of a model with L = 40 layers, H = 40 query heads, H_kv = 8
+    key/value heads and d_head = 128."""
+    return 2 * 40 * 8 * 128 * 2
 
 
-@question(explain="W_K and W_V shrink from 64 × 64 to 64 × 32 (2 heads of 16): 2 · 64 · 32 = 4,096 fewer "
-                  "weights per block, 12,288 in the 3 blocks (152,896 − 140,608).",
+@question(explain="W_K and W_V shrink from 64 × 64 to 64 × 16 (1 head of 16): 2 · 64 · 48 = 6,144 fewer "
+                  "weights per block, 18,432 in the 3 blocks.",
           hints=[known_wrong({
-              4096: "that is one block; the ladder's model has 3",
-              6144: "W_V shrinks too, not only W_K",
-              24576: "only W_K and W_V lose half of their columns; W_Q and W_O keep all 4 heads",
-              12480: "the '+ GQA' rung has no biases: count the weights only",
+              12_288: "that is the ladder's 2 key/value heads; with 1 each of W_K and W_V keeps only 16 columns",
+              6_144: "that is one block; the ladder's model has 3",
+              9_216: "W_V shrinks too, not only W_K",
+              18_624: "the rung has no biases: count the weights only",
           })])
-def gqa_params_saved() -> int:
-    """Parameters saved in the ladder's model (D = 64, H = 4, L = 3, no biases) by 2 key/value heads instead of 4."""
-    return 3 * 2 * 64 * (64 - 32)
+def mqa_params_saved() -> int:
+    """Parameters saved in the ladder's model (D = 64, H = 4, L = 3, no biases) by 1 key/value head (multi-query
+    attention) instead of 4."""
+    return 3 * 2 * 64 * (64 - 16)
 
 
 # ------------------------------------------------------------------ experiment: gradients without residuals

@@ -19,7 +19,7 @@ from course_tools.references._shared import close as _close
 from course_tools.references._shared import known_wrong
 from course_utils import encoder_decoder
 from course_utils.attention import causal_mask, merge_heads, scaled_dot_product_attention, split_heads
-from course_utils.sino_korean import DIGIT_VOCAB, HANGUL_VOCAB, make_pairs
+from course_utils.sino_korean import DIGIT_VOCAB, HANGUL_VOCAB, make_pairs, read_number
 
 PAD = encoder_decoder.PAD
 
@@ -300,17 +300,20 @@ def cross_weights_shape() -> tuple:
     return (2, 4, 6, 4)
 
 
+CROSS_MASK_OPTIONS = {"a": "source padding", "b": "causal", "c": "both", "d": "none"}
+
+
 @question(explain="the whole source is known before the first syllable, so nothing is hidden for causality; "
                   "only the padded source positions must get no weight.",
           hints=[known_wrong({
-              "a": ("the causal mask hides later *target* tokens; every source digit is already known, "
+              "b": ("the causal mask hides later *target* tokens; every source digit is already known, "
                     "and padding must still be masked"),
               "c": "no causal mask is needed in cross-attention: the source is complete before decoding starts",
               "d": "padded source positions would then take weight: the padding mask is needed",
           })])
 def cross_mask_choice() -> str:
     """Multiple choice: which mask(s) the decoder's cross-attention needs."""
-    return "b"
+    return next(k for k, v in CROSS_MASK_OPTIONS.items() if v == "source padding")
 
 
 @question(explain="the decoder reads <s> 이 천 이 십 육 (6 positions) and each predicts the next token: "
@@ -325,30 +328,31 @@ def predictions_scored() -> int:
     return 6
 
 
-@question(explain="every one of the 4 beams is extended by every one of the 20 tokens: 4 × 20 = 80 candidates, "
-                  "of which the 4 best are kept.",
+@question(explain="every one of the 7 beams of each of the 3 sources is extended by every one of the 20 tokens: "
+                  "3 × 7 × 20 = 420 candidates, of which the 7 best per source are kept.",
           hints=[known_wrong({
-              20: "that is the extensions of one beam; each of the 4 beams is extended by every token",
-              4: "4 are kept, but 4 × 20 are scored to choose them",
-              16: "beams are extended by every token of the vocabulary, not only by the other beams' tokens",
-              24: "the candidates multiply (each beam × each token), they do not add",
+              140: "that is one source; the batch holds 3, each with its own 7 beams",
+              21: "21 beams are kept (7 per source), but each is extended by all 20 tokens to choose them",
+              60: "each of the 7 beams is extended, not only one per source",
+              30: "the candidates multiply (each beam × each token), they do not add",
           })])
-def beam_candidates() -> int:
-    """Candidates scored per source in one beam-search step with 4 beams and 20 target tokens."""
-    return 4 * 20
+def batched_beam_candidates() -> int:
+    """Candidates scored in one beam-search step for a batch of 3 sources, 7 beams each, 20 target tokens."""
+    return 3 * 7 * 20
 
 
-@question(explain="11 0000 is 11 in the 만 group: 십일 (the 1 before 십 is silent), then 만; the zeros of the "
-                  "last group are silent and nothing follows, so no space.",
+@question(explain="100100 is 10 in the 만 group and 100 in the last: 십만 (a lone 1 before 십 is silent), a space "
+                  "because more follows, then 백 (a lone 1 before 백 is silent too); the zeros are silent.",
           hints=[known_wrong({
-              "일십일만": "a 1 before 십, 백 or 천 is silent: 10 is 십, so 11 is 십일",
-              "십일만 ": "a space follows a 만 group only when more follows; here the last group is all zeros",
-              "만": "that is 10000; 110000 has eleven of them",
-              "십만": "that is 100000; 110000 is eleven 만",
+              "십만백": "a space follows a 만 group when more follows: 십만, space, 백",
+              "십만 일백": "a 1 before 십, 백 or 천 is silent: 100 is 백",
+              "일십만 백": "a 1 before 십, 백 or 천 is silent: 10 0000 is 십만",
+              "만 백": "that is 10100; 100100 has ten 만",
+              "백만 백": "백만 is 1000000; 100100 is 10 만 and 100",
           })])
-def reading_110000() -> str:
-    """The Sino-Korean reading of 110000 in the lesson's spacing convention."""
-    return "십일만"
+def reading_100100() -> str:
+    """The Sino-Korean reading of 100100 in the lesson's spacing convention."""
+    return read_number(100100)
 
 
 # ------------------------------------------------------------------ the experiment
