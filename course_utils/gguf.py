@@ -103,7 +103,7 @@ def read(path: str | Path) -> GGUFFile:
     """Parse the header, metadata and tensor table of a GGUF file (the data stays memory-mapped)."""
     path = Path(path)
     if not path.is_file():
-        raise GGUFError(f"no GGUF file at {path}; fetch it again with course_utils.pretrained.load")
+        raise GGUFError(f"no GGUF file at {path}; check the path (pretrained.fetch() fetches SmolLM2's)")
     try:
         reader = _reader(path)
     except (ValueError, OSError, IndexError, KeyError) as err:  # gguf says "not a GGUF file" or fails mid-table
@@ -178,7 +178,7 @@ def tokenizer(file: GGUFFile) -> PretrainedBPETokenizer:
                         "vocabularies (tokenizer.ggml.model = 'gpt2')")
     tokens = list(_get(file, "tokenizer.ggml.tokens"))
     types = list(file.metadata.get("tokenizer.ggml.token_type", []))
-    special = [t for t, kind in zip(tokens, types) if kind == CONTROL]
+    special = [t for t, kind in zip(tokens, types, strict=True) if kind == CONTROL]
     return PretrainedBPETokenizer(tokens, list(_get(file, "tokenizer.ggml.merges")), special, GPT2_PATTERN)
 
 

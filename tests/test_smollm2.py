@@ -137,30 +137,60 @@ def test_chat_template_equals_hf(ours, hf_tokenizer, messages, add_generation_pr
     assert tok.encode(mine) == hf_tokenizer.encode(theirs, add_special_tokens=False)
 
 
-def test_logits_equal_hf(ours, hf_model):
-    model, tok = ours
-    prompts = ["Hi", "The capital of France is", chat.apply_chat_template(CONVERSATIONS[2]),
-               data.shakespeare()[:1500]]
+def float64_angles(hf_model):
+    """Hugging Face computes the RoPE angles position · ω in float32 even in a float64 model (its
+    rotary embedding turns autocast off and calls .float()); the course computes them in float64.
+    Give the reference float64 angles too, so the float64 comparison measures the models' arithmetic,
+    not the rounding of an angle of several hundred radians."""
+    rotary = hf_model.model.rotary_emb
+    d = hf_model.config.head_dim
+    omega = hf_model.config.rope_parameters["rope_theta"] ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+
+    def forward(x, position_ids):
+        angles = position_ids[..., None].double() * omega  # (B, T, d/2)
+        angles = torch.cat([angles, angles], dim=-1)  # rotate-half layout: feature j and j + d/2 share an angle
+        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+
+    rotary.forward = forward
+
+
+@pytest.fixture(scope="module")
+def float64_pair(ours, hf_model, path):
+    """Both models in float64 (copies: the float32 ones stay for the other tests)."""
+    model64, _ = pretrained.load_gguf(path)
+    hf64 = transformers.LlamaForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                         dtype=torch.float64).eval()
+    float64_angles(hf64)
+    return model64.double(), hf64
+
+
+PROMPTS = ["Hi", "The capital of France is", chat.apply_chat_template(CONVERSATIONS[2])]
+
+
+def test_logits_equal_hf_in_float64(ours, float64_pair):
+    model64, hf64 = float64_pair
+    _, tok = ours
     lengths = []
-    for text in prompts:
+    for text in [*PROMPTS, data.shakespeare()[:1500]]:
         idx = torch.tensor([tok.encode(text)])
         lengths.append(idx.shape[1])
         with torch.no_grad():
-            mine, theirs = model(idx)[0], hf_model(idx).logits
-        assert (mine - theirs).abs().max().item() <= 1e-4, text[:30]
-    assert lengths[0] == 1 and lengths[-1] > 300
+            diff = (model64(idx)[0] - hf64(idx).logits).abs().max().item()
+        assert diff <= 1e-4, (idx.shape[1], diff)
+    assert lengths[0] == 1 and lengths[-1] > 400
 
 
-def test_greedy_decoding_with_kv_cache_equals_hf_generate(ours, hf_model):
+def test_greedy_decoding_with_kv_cache_equals_hf_generate(ours, float64_pair):
+    model64, hf64 = float64_pair
     model, tok = ours
     prompt = torch.tensor([tok.encode(chat.apply_chat_template(CONVERSATIONS[0]))])
-    mine = generate(model, prompt, max_new_tokens=50, temperature=0.0)
-    theirs = hf_model.generate(prompt, max_new_tokens=50, min_new_tokens=50, do_sample=False,
-                               attention_mask=torch.ones_like(prompt), pad_token_id=2)
+    mine = generate(model64, prompt, max_new_tokens=50, temperature=0.0)
+    theirs = hf64.generate(prompt, max_new_tokens=50, min_new_tokens=50, do_sample=False,
+                           attention_mask=torch.ones_like(prompt), pad_token_id=2)
     assert mine.shape == (1, prompt.shape[1] + 50) and torch.equal(mine, theirs)
-    streamed = list(chat.stream_ids(model, prompt[0].tolist(), 50))
+    streamed = list(chat.stream_ids(model64, prompt[0].tolist(), 50))
     assert streamed == mine[0, prompt.shape[1]:].tolist()
-    answer = "".join(chat.reply(model, tok, CONVERSATIONS[0], max_new_tokens=20))
+    answer = "".join(chat.reply(model, tok, CONVERSATIONS[0], max_new_tokens=20))  # float32, as course chat runs
     assert "Paris" in answer
 
 
