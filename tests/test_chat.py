@@ -25,7 +25,7 @@ class Bytes:
 
 
 def test_stream_text_waits_for_whole_characters():
-    ids = list("한국 ok".encode("utf-8"))
+    ids = list("한국 ok".encode())
     pieces = list(chat.stream_text(Bytes(), iter(ids)))
     assert pieces == ["한", "국", " ", "o", "k"]
     assert list(chat.stream_text(Bytes(), iter([0xED, 0x41]))) == ["\ufffdA"]

@@ -38,7 +38,8 @@ def _q4_1_wrong(raw: torch.Tensor, interleave=False, no_min=False, swap=False) -
 def _q4_1_hint(case: Case, got, expected) -> str | None:
     (raw,) = case.args
     if _close(got, _q4_1_wrong(raw, interleave=True)):
-        return "the nibbles are not interleaved: the low nibbles of the 16 bytes are weights 0..15, the high ones 16..31"
+        return ("the nibbles are not interleaved: the low nibbles of the 16 bytes are weights 0..15, "
+                "the high ones 16..31")
     if _close(got, _q4_1_wrong(raw, no_min=True)):
         return "add the block's minimum m: Q4_1 stores w = d·q + m (Q4_0 has no m)"
     if _close(got, _q4_1_wrong(raw, swap=True)):
@@ -189,7 +190,8 @@ def roofline_tokens_per_s() -> float:
 
 
 @question(explain="llama.cpp's converter stores W_Q and W_K in the order of Meta's original code, neighbour pairs "
-                  "(2j, 2j+1), which is the course's apply_rope; Hugging Face's rotate-half order needs the permutation.",
+                  "(2j, 2j+1), which is the course's apply_rope; Hugging Face's rotate-half order needs the "
+                  "permutation.",
           hints=[known_wrong({
               "a": "RoPE does rotate q and k in SmolLM2 (rope.freq_base = 100,000)",
               "c": "the file's rows are permuted relative to Hugging Face's; it is HF's that need rope_halves_to_pairs",
