@@ -1,4 +1,4 @@
-"""The ``course`` command: doctor, run, assign, grade, train, sample, bench, gpu-check, translate, slides."""
+"""The ``course`` command: doctor, run, assign, grade, train, sample, bench, gpu-check, translate, slides, chat."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from course_tools import assign, doctor, grade, notebook_run, slides, translate
-from course_tools.commands import bench, gpu_check, sample, train
+from course_tools.commands import bench, chat, gpu_check, sample, train
 
 # subcommand -> the module that registers it with add_parser(subparsers)
 COMMANDS = {
@@ -20,6 +20,7 @@ COMMANDS = {
     "gpu-check": gpu_check,
     "translate": translate,
     "slides": slides,
+    "chat": chat,
 }
 
 
