@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from course_tools import assign, doctor, grade, notebook_run, slides, translate
-from course_tools.commands import bench, sample, train
+from course_tools.commands import bench, chat, sample, train
 
 # subcommand -> the module that registers it with add_parser(subparsers)
 COMMANDS = {
@@ -19,6 +19,7 @@ COMMANDS = {
     "bench": bench,
     "translate": translate,
     "slides": slides,
+    "chat": chat,
 }
 
 

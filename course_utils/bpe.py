@@ -73,7 +73,9 @@ class BPETokenizer:
                                  "merges must be listed in the order they were learned")
             self.merges.append((int(a), int(b)))
             self.vocab.append(self.vocab[a] + self.vocab[b])
-        self.ranks = {pair: N_BYTES + k for k, pair in enumerate(self.merges)}
+        self.ranks = {pair: k for k, pair in enumerate(self.merges)}  # earlier merges first
+        self.merged = {pair: N_BYTES + k for k, pair in enumerate(self.merges)}  # the token each pair becomes
+        self.byte_ids: list[int | None] = list(range(N_BYTES))  # the token of each byte value
         self._cache: dict[str, list[int]] = {}
 
     @classmethod
@@ -119,13 +121,13 @@ class BPETokenizer:
     def _encode_chunk(self, chunk: str) -> list[int]:
         if chunk in self._cache:
             return self._cache[chunk]
-        ids = list(to_bytes(chunk))
+        ids = [t for b in to_bytes(chunk) if (t := self.byte_ids[b]) is not None]  # a byte without a token is dropped
         while len(ids) >= 2:
             # Apply the earliest-learned merge present, exactly as training did.
             pair = min(pairwise(ids), key=lambda p: self.ranks.get(p, float("inf")))
             if pair not in self.ranks:
                 break
-            ids = merge(ids, pair, self.ranks[pair])
+            ids = merge(ids, pair, self.merged[pair])
         self._cache[chunk] = ids
         return ids
 
@@ -133,7 +135,11 @@ class BPETokenizer:
         """Text -> token ids."""
         if not isinstance(text, str):
             raise TypeError(f"encode takes a str, got {type(text).__name__}; decode bytes first")
-        return [t for chunk in chunks(text) for t in self._encode_chunk(chunk)]
+        return [t for chunk in self.chunks(text) for t in self._encode_chunk(chunk)]
+
+    def chunks(self, text: str) -> list[str]:
+        """The pieces merges stay inside (the module's ``chunks``; a loaded vocabulary has its own)."""
+        return chunks(text)
 
     def decode(self, ids: Iterable[int]) -> str:
         """Token ids -> text. Ids that split a character in the middle decode to U+FFFD."""
@@ -167,3 +173,114 @@ class BPETokenizer:
 
     def __repr__(self) -> str:
         return f"BPETokenizer(vocab_size={self.vocab_size})"
+
+
+# ---------------------------------------------------------------- a vocabulary learned elsewhere
+
+# GPT-2's pre-tokeniser (also SmolLM2's as Hugging Face builds it from a GGUF file): contractions,
+# letters (\p{L}), numbers (\p{N}), other symbols, each with at most one leading space, then spaces.
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+def byte_spelling() -> dict[int, str]:
+    """GPT-2's printable spelling of the 256 bytes, in which vocabularies and merges are written.
+
+    Bytes that are visible characters of Latin-1 ('!'..'~', '¡'..'¬', '®'..'ÿ') stand for
+    themselves; the other 68 (space, control bytes, ...) get the characters from U+0100 on, in
+    byte order, so a space is 'Ġ' (U+0120) and a newline 'Ċ' (U+010A).
+    """
+    visible = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    spelling = {b: chr(b) for b in visible}
+    for n, b in enumerate(b for b in range(N_BYTES) if b not in spelling):
+        spelling[b] = chr(N_BYTES + n)
+    return spelling
+
+
+class PretrainedBPETokenizer(BPETokenizer):
+    """A byte-level BPE tokenizer with someone else's vocabulary, merges and pre-tokeniser.
+
+    ``tokens[i]`` is token i written in ``byte_spelling``; ``merges[k]`` is the k-th merge learned,
+    two tokens separated by a space ("Ġ t"); ``special`` tokens (e.g. "<|im_start|>") are matched
+    whole in the text before anything is split, and never merged. Encoding is the same loop as
+    ``BPETokenizer``: the token ids are only numbered differently (the file decides them).
+    """
+
+    kind = "bpe_pretrained"
+
+    def __init__(self, tokens: Sequence[str], merges: Sequence[str], special: Sequence[str] = (),
+                 pattern: str = GPT2_PATTERN) -> None:
+        import regex  # the third-party module: Python's re knows no \p{L}
+
+        spelled = {c: b for b, c in byte_spelling().items()}
+        self.tokens = list(tokens)
+        self.vocab = []
+        for i, token in enumerate(self.tokens):
+            if not set(token) <= spelled.keys():
+                raise ValueError(f"token {i} ({token!r}) is not written in GPT-2's byte spelling; "
+                                 "this is not a byte-level BPE vocabulary")
+            self.vocab.append(bytes(spelled[c] for c in token))
+        ids = {token: i for i, token in enumerate(self.tokens)}
+        # A vocabulary may lack some bytes (SmolLM2 lacks 21: six control characters, bytes that never
+        # occur in UTF-8, two lead bytes of rare 4-byte characters). Like Hugging Face's tokenizer,
+        # encoding then drops them: such text does not round-trip (``missing_bytes`` lists them).
+        self.byte_ids = [ids.get(byte_spelling()[b]) for b in range(N_BYTES)]
+        self.merge_strings = list(merges)
+        self.merges, self.ranks, self.merged = [], {}, {}
+        for k, line in enumerate(self.merge_strings):
+            left, _, right = line.partition(" ")
+            if left not in ids or right not in ids or left + right not in ids:
+                raise ValueError(f"merge {k} ({line!r}) names a token that is not in the vocabulary")
+            pair = (ids[left], ids[right])
+            self.merges.append(pair)
+            self.ranks.setdefault(pair, k)
+            self.merged.setdefault(pair, ids[left + right])
+        self.special = {s: ids[s] for s in special}
+        self.pattern = pattern
+        self._split = regex.compile(pattern)
+        self._special_split = (regex.compile("(" + "|".join(regex.escape(s) for s in
+                                                            sorted(special, key=len, reverse=True)) + ")")
+                               if special else None)
+        self._cache = {}
+
+    def chunks(self, text: str) -> list[str]:
+        """The pre-tokeniser's pieces (special tokens are handled by ``encode`` before this)."""
+        return self._split.findall(text)
+
+    def encode(self, text: str) -> list[int]:
+        """Text -> token ids; special tokens in the text become their own id."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode takes a str, got {type(text).__name__}; decode bytes first")
+        pieces = self._special_split.split(text) if self._special_split else [text]
+        ids: list[int] = []
+        for i, piece in enumerate(pieces):  # odd positions hold the special tokens the split kept
+            if i % 2:
+                ids.append(self.special[piece])
+            else:
+                ids.extend(t for chunk in self.chunks(piece) for t in self._encode_chunk(chunk))
+        return ids
+
+    @property
+    def missing_bytes(self) -> list[int]:
+        """The byte values that have no token, so ``encode`` drops them."""
+        return [b for b, t in enumerate(self.byte_ids) if t is None]
+
+    def token_id(self, token: str) -> int:
+        """The id of a token written as in the vocabulary, e.g. ``token_id("<|im_end|>")``."""
+        try:
+            return self.tokens.index(token)
+        except ValueError:
+            raise KeyError(f"{token!r} is not in the vocabulary") from None
+
+    def to_dict(self) -> dict:
+        """Plain strings and lists: the vocabulary, the merges, the special tokens and the pattern."""
+        return {"kind": self.kind, "tokens": self.tokens, "merges": self.merge_strings,
+                "special": list(self.special), "pattern": self.pattern}
+
+    @classmethod
+    def from_dict(cls, state: dict) -> PretrainedBPETokenizer:
+        if state.get("kind") != cls.kind:
+            raise ValueError(f"not a pretrained BPE tokenizer state (kind={state.get('kind')!r})")
+        return cls(state["tokens"], state["merges"], state["special"], state["pattern"])
+
+    def __repr__(self) -> str:
+        return f"PretrainedBPETokenizer(vocab_size={self.vocab_size}, special={len(self.special)})"

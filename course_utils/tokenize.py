@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
-from course_utils.bpe import BPETokenizer
+from course_utils.bpe import BPETokenizer, PretrainedBPETokenizer
 
 __all__ = ["BPETokenizer", "CharTokenizer", "Tokenizer", "Vocab", "load_tokenizer", "sentences", "words"]
 
@@ -181,7 +181,7 @@ class CharTokenizer:
         return cls(state["chars"])
 
 
-TOKENIZERS: dict[str, type] = {cls.kind: cls for cls in (CharTokenizer, BPETokenizer)}
+TOKENIZERS: dict[str, type] = {cls.kind: cls for cls in (CharTokenizer, BPETokenizer, PretrainedBPETokenizer)}
 
 
 def load_tokenizer(state: dict) -> Tokenizer:
