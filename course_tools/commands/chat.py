@@ -2,18 +2,21 @@
 
 One prompt (``--prompt``) prints one streamed answer; without it, an interactive loop keeps the
 conversation until an empty line, ``exit`` or end of input. Decoding is greedy unless
-``--temperature`` is above 0; ``--top-k`` and ``--top-p`` then narrow the draw.
+``--temperature`` is above 0; ``--top-k`` and ``--top-p`` then narrow the draw. ``--adapter``
+puts LoRA adapters saved with ``course_utils.lora.save_adapter`` (lesson 13) on the model and
+merges them, so the adapted model decodes as fast as the original.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
 
 from course_tools.commands import USER_ERRORS, fail
-from course_utils import chat, pretrained
+from course_utils import chat, lora, pretrained
 from course_utils.pretrained import ModelUnavailable
 
 PROG = "course chat"
@@ -25,6 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt", help="one question to answer; without it, an interactive conversation")
     p.add_argument("--system", default=chat.DEFAULT_SYSTEM, help="the system message")
     p.add_argument("--model", help="a LLaMA-architecture GGUF file (default: SmolLM2-135M-Instruct, fetched once)")
+    p.add_argument("--adapter", type=Path, help="LoRA adapters for this model (lesson 13's lora.save_adapter)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 (the default) is greedy decoding")
     p.add_argument("--top-k", type=int)
@@ -80,8 +84,13 @@ def run(args: argparse.Namespace) -> int:
             torch.set_num_threads(args.threads)
         system = _text(args.system, "system message")
         prompt = None if args.prompt is None else _text(args.prompt, "prompt")  # checked before the slow load
+        if args.adapter is not None and not args.adapter.is_file():
+            raise FileNotFoundError(f"no adapter file at {args.adapter}; save one with lora.save_adapter(model, path)")
         model, tokenizer = (pretrained.load_gguf(args.model) if args.model
                             else pretrained.load(pretrained.SMOLLM2))
+        if args.adapter is not None:
+            lora.load_adapter(model, args.adapter)  # a file saved for another model: one-line AdapterError
+            lora.merge_lora(model.requires_grad_(False))
         messages = [{"role": "system", "content": system}]
         if prompt is not None:
             messages.append({"role": "user", "content": prompt})
