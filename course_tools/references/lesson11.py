@@ -472,8 +472,8 @@ def capstone_last_input() -> tuple[int, int]:
           atol=1e-5,
           hints=[known_wrong({0.005: "that is lr / 2: the cosine ends at min_lr = lr / 10, not at 0",
                               0.01: "step 275 is past the warm-up (50 steps): the cosine has started",
-                              0.00505: "the cosine starts after the warm-up: "
-                                       "progress = (step − warmup) / (steps − warmup)"})])
+                              0.001 + 0.0045 * (1 + math.cos(math.pi * 275 / 500)):
+                                  "the cosine starts after the warm-up: (step − warmup) / (steps − warmup)"})])
 def capstone_lr_mid() -> float:
     """The learning rate at step 275 of 500, warm-up 50, lr 0.01, min_lr = lr / 10."""
     return 0.001 + 0.5 * (0.01 - 0.001)
