@@ -52,6 +52,9 @@ class Exercise:
     rtol: float = 1e-4
     hints: Sequence[Hint] = ()
     explain: str = ""  # one line printed under a passing check: why the answer is right
+    verdict: Callable[[Case, Any, Any], tuple[bool, str]] | None = None
+    """Judges (case, got, expected) -> (ok, detail) instead of comparing got with expected; for answers
+    the checker must evaluate itself (a trained model's weights: their validation loss)."""
 
     def __post_init__(self) -> None:
         self.function = self.function or self.name
@@ -67,14 +70,15 @@ REGISTRY: dict[str, Exercise] = {}
 
 def exercise(name: str | None = None, *, cases: Callable[[torch.Generator], list[Case]],
              function: str = "", atol: float = 1e-5, rtol: float = 1e-4,
-             hints: Sequence[Hint] = (), explain: str = "") -> Callable[[Callable], Callable]:
+             hints: Sequence[Hint] = (), explain: str = "",
+             verdict: Callable[[Case, Any, Any], tuple[bool, str]] | None = None) -> Callable[[Callable], Callable]:
     """Decorator that registers a reference implementation as an exercise."""
 
     def register(reference: Callable) -> Callable:
         key = name or reference.__name__
         if key in REGISTRY:
             raise ValueError(f"exercise {key!r} is registered twice")
-        REGISTRY[key] = Exercise(key, reference, cases, function, atol, rtol, hints, explain)
+        REGISTRY[key] = Exercise(key, reference, cases, function, atol, rtol, hints, explain, verdict)
         return reference
 
     return register
@@ -260,7 +264,7 @@ def judge(ex: Exercise, case: Case, got: Any, expected: Any, hints: bool = True)
     """Compare one answer with the reference and phrase the result, with a hint if one fits
     (``hints=False``: none tried, for answers too large to hand to a hint)."""
     try:
-        ok, detail = compare(got, expected, ex.atol, ex.rtol)
+        ok, detail = ex.verdict(case, got, expected) if ex.verdict else compare(got, expected, ex.atol, ex.rtol)
     except Exception as exc:  # a malformed answer must not crash the check
         ok, detail = False, f"could not compare: {error_line(exc)}"
     if ex.is_question:  # the detail of a comparison would give the right answer away
