@@ -5,13 +5,18 @@ grading limits. The full notebooks are graded end to end in tests/test_grade.py'
 
 import dataclasses
 import math
+from pathlib import Path
 
+import nbformat
 import pytest
 import torch
 
-from course_tools import checks, grade
+from course_tools import checks
+from course_tools.grading.job import Limits
 from course_tools.references import lesson11 as L
 from course_utils import gpt
+
+ROOT = Path(__file__).resolve().parent.parent
 
 SIZES = {"vocab_size": 11, "max_len": 8, "n_layers": 2, "n_heads": 2, "d_model": 16}
 
@@ -114,9 +119,11 @@ def test_self_check_answers():
 
 
 def test_the_lesson_raises_the_grading_limits_and_only_for_itself():
-    base = grade.Limits(cell_timeout=60, notebook_timeout=600)
-    raised = grade.lesson_limits("11_build_your_gpt", base)
+    def metadata(stem: str) -> dict:
+        return nbformat.read(ROOT / "exercises" / f"{stem}.ipynb", as_version=4).metadata
+    base = Limits(cell_timeout=60, notebook_timeout=600)
+    raised = base.for_lesson(metadata("11_build_your_gpt"), explicit=set())
     assert (raised.cell_timeout, raised.notebook_timeout) == (600, 1200)
-    assert grade.lesson_limits("00_setup", base) == base
-    generous = dataclasses.replace(base, cell_timeout=900)
-    assert grade.lesson_limits("11_build_your_gpt", generous).cell_timeout == 900  # never lowered
+    assert base.for_lesson(metadata("00_setup"), explicit=set()) == base
+    asked = dataclasses.replace(base, cell_timeout=900)  # the instructor's --cell-timeout wins
+    assert asked.for_lesson(metadata("11_build_your_gpt"), explicit={"cell_timeout"}).cell_timeout == 900
