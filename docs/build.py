@@ -22,7 +22,8 @@ from urllib.parse import unquote, urlsplit
 DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
 PAGES = ["notebooks/*.ipynb", "exercises/*.ipynb", "notebooks/ko/*.ipynb", "exercises/ko/*.ipynb"]
-REFERENCE = ["notebooks/*.md", "*.md"]  # glossary, lecture maps, CONTRIBUTING: every Markdown page but the README
+# pages moved out of the README (docs/pages), glossary, lecture maps, CONTRIBUTING: all Markdown but the README
+REFERENCE = ["docs/pages/*.md", "notebooks/*.md", "*.md"]
 VENDOR = {  # file or folder in docs/node_modules -> where the pages load it from (under _static/vendor)
     "mathjax/es5": "mathjax",
     "requirejs/require.js": "require.js",
@@ -52,7 +53,8 @@ exercises/ko/index
 reference
 ```
 """
-REFERENCE_INTRO = "The glossary, the maps from the source texts to the lessons, and how lessons are written."
+REFERENCE_INTRO = ("Grading, performance, the `course` command and the developer notes; the glossary, the maps from "
+                   "the source texts to the lessons, and how lessons are written.")
 
 
 class BuildError(Exception):

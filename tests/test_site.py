@@ -24,6 +24,7 @@ def load(name: str):
 
 site_build = load("build")
 browser_check = load("browser_check")
+commands = load("commands")
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +44,18 @@ def test_every_lesson_and_exercise_has_a_page_and_a_download(site):
     assert re.search(r'class="right-next"\s+href="04_ffn_residual_layernorm.html"', lesson03)
     home = (site / "index.html").read_text(encoding="utf-8")
     assert "Course map" in home and 'href="notebooks/03_multi_head_attention.html"' in home
+
+
+def test_command_reference_is_current_and_names_every_flag(site):
+    assert commands.main(["--check"]) == 0, "run python docs/commands.py"
+    text = commands.PAGE.read_text(encoding="utf-8")
+    parsers, _ = commands.subcommands()
+    for name, parser in parsers.items():
+        assert f"## `course {name}`" in text
+        for action in parser._actions:
+            assert all(f"`{flag}" in text for flag in action.option_strings if action.help != "==SUPPRESS==")
+    assert "/" + "work" not in text and str(ROOT) not in text  # defaults inside the checkout are shown relative
+    assert (site / "docs" / "pages" / "commands.html").exists()
 
 
 def test_no_page_loads_a_script_from_elsewhere(site):
