@@ -19,6 +19,8 @@ from pathlib import Path
 
 import nbformat
 
+from course_tools import banner
+
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = Path(__file__).resolve().parent / "slide_templates"  # course_reveal: nbconvert's reveal, offline
 NODE_MODULES = ROOT / "docs" / "node_modules"  # the npm packages of docs/package.json, shared with the website
@@ -136,6 +138,7 @@ def for_the_hall(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """What the audience sees of `nb`: no `# NBVAL_...` lines (instructions to the tests), no widgets (no
     kernel runs behind a slide; their printed static copies stay), and a title slide of the lesson's
     heading and the first sentence after it (the first cell's goal, time and prerequisites are for readers)."""
+    banner.without(nb)  # "generated from ...": for editors, not for the audience
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.source = "\n".join(line for line in cell.source.split("\n") if not line.startswith("# NBVAL_"))
