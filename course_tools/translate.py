@@ -43,6 +43,7 @@ class Edition:
 
     files: dict[Path, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    lang: str = ""
 
 
 def translation_files(root: Path, lang: str) -> list[Path]:
@@ -166,7 +167,7 @@ def build_file(root: Path, path: Path) -> Edition:
 
 def build(root: Path, lang: str) -> Edition:
     """Build every lesson that has a translation file for `lang`."""
-    edition = Edition()
+    edition = Edition(lang=lang)
     parts = [build_file(root, p) for p in translation_files(root, lang)] + \
         [build_document(root, p) for p in document_files(root, lang)]
     if not parts:
@@ -183,7 +184,7 @@ def out_of_date(root: Path, edition: Edition) -> list[str]:
     stale = []
     for path, text in edition.files.items():
         if not path.exists() or path.read_text(encoding="utf-8") != text:
-            stale.append(f"{path.relative_to(root)} differs from its build; run `course translate {path.parent.name}`")
+            stale.append(f"{path.relative_to(root)} differs from its build; run `course translate {edition.lang}`")
     return stale
 
 
