@@ -23,6 +23,8 @@ from pathlib import Path
 
 import nbformat
 
+from course_tools import banner
+
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 CODE_STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")
 MARKDOWN_STUB = "YOUR ANSWER HERE"
@@ -114,6 +116,7 @@ def write_all(solutions: Path, exercises: Path) -> list[Path]:
     written = []
     for src in sorted(solutions.glob("*.ipynb")):
         nb = build_exercises(nbformat.read(src, as_version=4), lesson_of(src))
+        banner.with_banner(nb, banner.text(f"`solutions/{src.name}`", "course assign"))
         dest = exercises / src.name
         nbformat.write(nb, dest)
         written.append(dest)

@@ -1,12 +1,16 @@
 """``course doctor``: one line per check of the learner's environment.
 
 FAIL means a lesson cannot run (a package every lesson needs is missing or too old); NOTE marks a
-package that only some lessons, or only developers and instructors, need.
+package that only some lessons, or only developers and instructors, need, and a missing system tool
+(bubblewrap for `course grade`, Node.js and npm for the website, Chromium for its browser check).
+Every fix names a command pip acts on: an extra as `".[lesson01]"` in a source checkout, otherwise
+the requirement without its environment marker (pip ignores `gensim; extra == "lesson01"`).
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -78,6 +82,18 @@ def purpose(extras: list[str]) -> str:
     return f"lesson{'s' if len(lessons) > 1 else ''} {', '.join(lessons)}" if lessons else "developer tool"
 
 
+def install_command(req: Requirement, extras: list[str] = ()) -> str:
+    """The pip command that installs `req`: the smallest extra asking for it (``".[lesson07]"``, run in
+    the course folder) when this is a source checkout, else the requirement itself without its marker."""
+    if extras and PYPROJECT.exists():
+        groups = declared()
+        extra = min(extras, key=lambda e: (len(groups.get(e, [])), e))
+        return f'python -m pip install ".[{extra}]"'
+    bare = Requirement(str(req))
+    bare.marker = None
+    return f"python -m pip install '{bare}'"
+
+
 def check_requirement(req: Requirement, extras: list[str] = ()) -> Check:
     """OK if installed within its range; a missing or out-of-range extra is a NOTE, a needed package a FAIL."""
     if not extras:
@@ -89,10 +105,27 @@ def check_requirement(req: Requirement, extras: list[str] = ()) -> Check:
     try:
         version = metadata.version(req.name)
     except metadata.PackageNotFoundError:
-        return Check(bad, f"{req.name} is not installed{why}; run: python -m pip install '{req}'")
+        return Check(bad, f"{req.name} is not installed{why}; run: {install_command(req, extras)}")
     if req.specifier and not req.specifier.contains(version, prereleases=True):
-        return Check(bad, f"{req.name} {version} is outside {req.specifier}{why}")
+        return Check(bad, f"{req.name} {version} is outside {req.specifier}{why}; run: {install_command(req, extras)}")
     return Check(OK, f"{req.name} {version}" + (f" ({purpose(extras)})" if extras else ""))
+
+
+# system programs some tasks need (never the lessons): program -> (what needs it, how to install it)
+TOOLS = {
+    "bwrap": ("bubblewrap, the sandbox of `course grade`", "apt-get install bubblewrap"),
+    "node": ("Node.js, for building the website (python docs/build.py)", "apt-get install nodejs npm"),
+    "npm": ("npm, for building the website (python docs/build.py)", "apt-get install nodejs npm"),
+    "chromium": ("Chromium, for the website's browser check (docs/browser_check.py)", "apt-get install chromium"),
+}
+
+
+def check_tool(program: str) -> Check:
+    """OK when `program` is on PATH, else a NOTE saying who needs it and how to install it."""
+    what, install = TOOLS[program]
+    if shutil.which(program):
+        return Check(OK, f"{program} found: {what}")
+    return Check(NOTE, f"{program} not found: {what}, not needed for the lessons; install: {install}")
 
 
 def shown(path: Path) -> str:
@@ -102,12 +135,13 @@ def shown(path: Path) -> str:
 
 
 def diagnose(fetch: bool) -> list[Check]:
-    """Python, every declared package, run mode, device and the data cache, one Check each."""
+    """Python, every declared package, the system tools, run mode, device and the data cache, one Check each."""
     results = [Check(OK if sys.version_info >= (3, 10) else FAIL, f"Python {sys.version.split()[0]} (3.10 or newer)")]
     try:
         results += [check_requirement(req, extras) for req, extras in requirement_groups().values()]
     except ValueError as exc:
         results.append(Check(FAIL, str(exc)))
+    results += [check_tool(program) for program in TOOLS]
     try:
         results.append(Check(OK, f"run mode {runtime.mode()} (COURSE_MODE)"))
     except ValueError as exc:
@@ -138,6 +172,6 @@ def main(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("doctor", help="check Python, packages (needed, per lesson, developer tools), "
-                                      "device, run mode and the data cache")
+                                      "system tools, device, run mode and the data cache")
     p.add_argument("--fetch", action="store_true", help="download the course corpus if it is not cached")
     p.set_defaults(func=main)

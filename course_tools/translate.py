@@ -6,6 +6,7 @@ notebook (code cells and stored outputs unchanged, so nothing is executed again)
 `--check` reports stale, missing and untranslated entries and built files that differ from the committed ones.
 Documents (the README, the glossary) work the same way, per `## ` section: `notebooks/<lang>/docs/README.yaml`
 builds `README.<lang>.md`; a section a translation leaves in English is listed, with the reason, under `english_only`.
+Every built file opens with a banner naming its two sources and this command (`course_tools.banner`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
+
+from course_tools import banner
 
 ROOT = Path(__file__).resolve().parent.parent
 # section of a translation file -> the English folder whose notebook it translates
@@ -40,6 +43,7 @@ class Edition:
 
     files: dict[Path, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    lang: str = ""
 
 
 def translation_files(root: Path, lang: str) -> list[Path]:
@@ -134,7 +138,9 @@ def build_document(root: Path, path: Path) -> Edition:
         parts.append(done if done is not None else text)
     for orphan in sorted((set(entries) | set(kept)) - set(keys)):
         edition.problems.append(f"{DOCUMENTS[stem]}: entry {orphan} matches no section of the English; remove it")
-    edition.files[english.with_suffix(f".{lang}.md")] = "\n\n".join(parts) + "\n"
+    sources = f"`{path.relative_to(root).as_posix()}` and `{DOCUMENTS[stem]}`"
+    edition.files[english.with_suffix(f".{lang}.md")] = "\n\n".join(
+        [banner.comment(sources, f"course translate {lang}")] + parts) + "\n"
     return edition
 
 
@@ -149,9 +155,11 @@ def build_file(root: Path, path: Path) -> Edition:
             if section in data:
                 edition.problems.append(f"{lesson} ({section}): no English notebook {folder}/{lesson}.ipynb")
             continue
-        nb = nbformat.read(english, as_version=4)
+        nb = banner.without(nbformat.read(english, as_version=4))  # exercises/ carry course assign's banner
         built, problems = translate_cells(nb, data.get(section), f"{lesson} ({section})")
         built.metadata["course_edition"] = {"lang": lang, "source": f"{folder}/{lesson}.ipynb"}
+        sources = f"`{path.relative_to(root).as_posix()}` and `{folder}/{lesson}.ipynb`"
+        banner.with_banner(built, banner.text(sources, f"course translate {lang}"))
         edition.files[root / folder / lang / f"{lesson}.ipynb"] = nbformat.writes(built) + "\n"
         edition.problems += problems
     return edition
@@ -159,7 +167,7 @@ def build_file(root: Path, path: Path) -> Edition:
 
 def build(root: Path, lang: str) -> Edition:
     """Build every lesson that has a translation file for `lang`."""
-    edition = Edition()
+    edition = Edition(lang=lang)
     parts = [build_file(root, p) for p in translation_files(root, lang)] + \
         [build_document(root, p) for p in document_files(root, lang)]
     if not parts:
@@ -176,7 +184,7 @@ def out_of_date(root: Path, edition: Edition) -> list[str]:
     stale = []
     for path, text in edition.files.items():
         if not path.exists() or path.read_text(encoding="utf-8") != text:
-            stale.append(f"{path.relative_to(root)} differs from its build; run `course translate {path.parent.name}`")
+            stale.append(f"{path.relative_to(root)} differs from its build; run `course translate {edition.lang}`")
     return stale
 
 
@@ -200,7 +208,7 @@ def scaffold(root: Path, lang: str, lesson: str) -> Path:
             if not english.exists():
                 continue
             entries = data.setdefault(section, {})
-            for cell in nbformat.read(english, as_version=4).cells:
+            for cell in banner.without(nbformat.read(english, as_version=4)).cells:
                 if cell.cell_type == "markdown" and cell.id not in entries:
                     entries[cell.id] = {"hash": source_hash(cell.source), "text": cell.source}
     yaml.add_representer(str, _literal_str, Dumper=yaml.SafeDumper)

@@ -2,8 +2,9 @@
 
 ``python docs/browser_check.py [--site docs/_build/html] [--screenshots DIR]``. Needs Playwright (PyPI)
 and a Chromium: Debian's ``chromium`` package, ``--chromium PATH``, or ``--chromium bundled`` (Playwright's
-own download). Every request that leaves localhost is blocked and counted as a failure: the pages must
-work offline.
+own download). Every page of the site is opened; an uncaught JavaScript error or a console error on any
+of them is a failure, and so is every request that leaves localhost (blocked: the pages must work offline).
+Then lesson 05's math and figures, lesson 07's calculator and the search are checked in detail.
 """
 
 from __future__ import annotations
@@ -53,18 +54,26 @@ def check_math_and_figures(page, base: str) -> list[str]:
 
 
 def check_calculator(page, base: str) -> list[str]:
-    """Lesson 07: the parameter calculator as a live widget, or at least its static table."""
+    """Lesson 07: the calculator's saved widgets render with their controls disabled (no kernel computes a
+    new choice, so picking gpt2_medium must not be possible beside GPT-2 small's numbers), and the static
+    table below gives every model's count."""
     page.goto(base + "notebooks/07_gpt_model.html")
-    page.wait_for_load_state("load")
-    try:
-        page.wait_for_selector(".widget-dropdown select", timeout=10_000)
-        live = page.locator(".widget-dropdown select").first.input_value()
-    except Exception:  # noqa: BLE001 - Playwright's TimeoutError: report the static fallback instead
-        live = None
-    static = page.locator("main pre", has_text="124,439,808").count()
-    print(f"lesson 07: live calculator widget {'shows model ' + repr(live) if live else 'absent'}; "
-          f"static table present: {static > 0}")
-    return [] if live or static else ["lesson 07: neither the calculator widget nor its static table is on the page"]
+    page.wait_for_selector(".widget-dropdown select", timeout=20_000)
+    choice = page.locator(".widget-dropdown select").first
+    live, disabled = choice.input_value(), choice.is_disabled()
+    inputs = page.locator(".widget-inline-hbox input")
+    editable = [i for i in range(inputs.count()) if not inputs.nth(i).is_disabled()]
+    shown = page.locator(".widget-html-content", has_text="124,439,808").count()
+    static = page.locator("main pre", has_text="354,823,168").count()  # gpt2_medium, GELU
+    print(f"lesson 07: calculator shows model {live!r} with GPT-2 small's count: {shown > 0}; dropdown disabled: "
+          f"{disabled}, {len(editable)} editable inputs; static table with gpt2_medium: {static > 0}")
+    problems = []
+    if not (live == "gpt2" and shown and disabled and not editable):
+        problems.append(f"lesson 07: the calculator's saved widgets can be changed without a kernel (model {live!r},"
+                        f" dropdown disabled: {disabled}, {len(editable)} editable inputs)")
+    if not static:
+        problems.append("lesson 07: the static table (gpt2_medium: 354,823,168) is not on the page")
+    return problems
 
 
 def check_search(page, base: str) -> list[str]:
@@ -75,6 +84,32 @@ def check_search(page, base: str) -> list[str]:
     hit = any("03_multi_head_attention" in h for h in hrefs)
     print(f"search 'multi-head': {len(hrefs)} results, lesson 03 among them: {hit}")
     return [] if hit else [f"search 'multi-head' does not list lesson 03 (got {hrefs[:3]})"]
+
+
+def pages(site: Path) -> list[str]:
+    """Every HTML page of the site (the theme's own files under _static excluded)."""
+    return [p.relative_to(site).as_posix() for p in sorted(site.rglob("*.html"))
+            if p.relative_to(site).parts[0] not in ("_static", "_sources")]
+
+
+def check_every_page(page, base: str, names: list[str]) -> list[str]:
+    """Open each page and wait until its scripts are done; any uncaught error or console error fails."""
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(f"uncaught {str(exc).splitlines()[0]}"))
+    page.on("console", lambda msg: errors.append(f"console error: {msg.text[:200]}") if msg.type == "error" else None)
+    problems = []
+    for name in names:
+        try:
+            page.goto(base + name, wait_until="networkidle", timeout=60_000)
+        except Exception as exc:  # noqa: BLE001 - Playwright's TimeoutError
+            problems.append(f"{name}: {str(exc).splitlines()[0]}")
+            continue
+        if page.locator(".jupyter-widgets, script[type='application/vnd.jupyter.widget-view+json']").count():
+            page.wait_for_timeout(1500)  # the widget manager renders after the load, in its own time
+        problems += [f"{name}: {error}" for error in errors]
+        errors.clear()
+    print(f"{len(names)} pages opened, {len(problems)} JavaScript errors")
+    return problems
 
 
 def screenshots(page, base: str, folder: Path) -> None:
@@ -110,7 +145,8 @@ def run(site: Path, chromium: str, shots: Path | None) -> list[str]:
             browser = pw.chromium.launch(executable_path=path, headless=True, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.route("**/*", route)
-            problems = check_math_and_figures(page, base) + check_calculator(page, base) + check_search(page, base)
+            problems = check_every_page(page, base, pages(site))
+            problems += check_math_and_figures(page, base) + check_calculator(page, base) + check_search(page, base)
             if shots:
                 screenshots(page, base, shots)
             browser.close()

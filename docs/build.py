@@ -10,6 +10,7 @@ network. The build fails on any Sphinx warning, a missing lesson page or a broke
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shutil
 import subprocess
@@ -21,7 +22,8 @@ from urllib.parse import unquote, urlsplit
 DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
 PAGES = ["notebooks/*.ipynb", "exercises/*.ipynb", "notebooks/ko/*.ipynb", "exercises/ko/*.ipynb"]
-REFERENCE = ["notebooks/*.md", "*.md"]  # glossary, lecture maps, CONTRIBUTING: every Markdown page but the README
+# pages moved out of the README (docs/pages), glossary, lecture maps, CONTRIBUTING: all Markdown but the README
+REFERENCE = ["docs/pages/*.md", "notebooks/*.md", "*.md"]
 VENDOR = {  # file or folder in docs/node_modules -> where the pages load it from (under _static/vendor)
     "mathjax/es5": "mathjax",
     "requirejs/require.js": "require.js",
@@ -51,7 +53,8 @@ exercises/ko/index
 reference
 ```
 """
-REFERENCE_INTRO = "The glossary, the maps from the source texts to the lessons, and how lessons are written."
+REFERENCE_INTRO = ("Grading, performance, the `course` command and the developer notes; the glossary, the maps from "
+                   "the source texts to the lessons, and how lessons are written.")
 
 
 class BuildError(Exception):
@@ -67,6 +70,23 @@ def reference_pages() -> list[Path]:
     return [p for pattern in REFERENCE for p in sorted(ROOT.glob(pattern)) if p.name != "README.md"]
 
 
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+def frozen_widgets(text: str) -> str:
+    """A notebook's JSON with every saved widget control disabled: without a kernel behind the page, a
+    control the reader could move would leave the numbers and figures it drives as they were saved
+    (lesson 07's calculator would show GPT-2 small's count beside "gpt2_medium")."""
+    nb = json.loads(text)
+    saved = nb.get("metadata", {}).get("widgets", {}).get(WIDGET_STATE)
+    if not saved:
+        return text
+    for model in saved["state"].values():
+        if "disabled" in model["state"]:
+            model["state"]["disabled"] = True
+    return json.dumps(nb, ensure_ascii=False, indent=1) + "\n"
+
+
 def stage(src: Path) -> None:
     """Copy the pages, the configuration and the vendored scripts into one Sphinx source folder."""
     if src.exists():
@@ -75,10 +95,10 @@ def stage(src: Path) -> None:
     for path in [p for pattern in PAGES for p in ROOT.glob(pattern)] + references:
         target = src / path.relative_to(ROOT)
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, target)
+        text = path.read_text(encoding="utf-8")
         if path in references:  # the README is the home page: links to it go to index.md
-            target.write_text(re.sub(r"\]\(((?:\.\./)*)README\.md", r"](\1index.md",
-                                     path.read_text(encoding="utf-8")), encoding="utf-8")
+            text = re.sub(r"\]\(((?:\.\./)*)README\.md", r"](\1index.md", text)
+        target.write_text(frozen_widgets(text) if path.suffix == ".ipynb" else text, encoding="utf-8")
     shutil.copy2(ROOT / "LICENSE", src / "LICENSE")
     (src / "index.md").write_text((ROOT / "README.md").read_text(encoding="utf-8") + HOME_NAV, encoding="utf-8")
     reference = "\n".join(str(p.relative_to(ROOT).with_suffix("")) for p in references)
@@ -90,6 +110,7 @@ def stage(src: Path) -> None:
         (src / folder / "index.md").write_text(f"# {title}\n\n{intro}\n\n{toctree}")
     shutil.copy2(DOCS / "conf.py", src / "conf.py")
     shutil.copytree(DOCS / "_templates", src / "_templates")
+    shutil.copytree(DOCS / "_static", src / "_static")
     vendor(src / "_static" / "vendor")
 
 
@@ -117,8 +138,8 @@ def sphinx(src: Path, out: Path) -> None:
            "-d", str(src / ".doctrees")]
     if subprocess.run(cmd).returncode != 0:
         raise BuildError("sphinx-build reported warnings or errors (above)")
-    for name in [name for folder in SECTIONS for name in lesson_names(folder)]:
-        shutil.copy2(src / f"{name}.ipynb", out / f"{name}.ipynb")
+    for name in [name for folder in SECTIONS for name in lesson_names(folder)]:  # the downloads, as committed
+        shutil.copy2(ROOT / f"{name}.ipynb", out / f"{name}.ipynb")
 
 
 class Links(HTMLParser):

@@ -18,6 +18,9 @@ suppress_warnings = ["mystnb.unknown_mime_type"]
 
 # Every script a page needs is served from the site itself (copied from docs/node_modules by build.py).
 mathjax_path = "vendor/mathjax/tex-chtml.js"
+# MathJax 3's configuration, with the MathJax 2 `Hub.Queue` the widget manager calls (docs/_static/mathjax-hub.js);
+# a plain script, so it runs before the deferred MathJax, and after Sphinx's configuration, which it extends.
+html_js_files = [("mathjax-hub.js", {"priority": 900})]
 nb_ipywidgets_js = {
     "vendor/require.js": {},
     "vendor/html-manager/embed-amd.js": {"data-jupyter-widgets-cdn": "", "data-jupyter-widgets-cdn-only": "false"},
@@ -25,8 +28,10 @@ nb_ipywidgets_js = {
 
 html_theme = "pydata_sphinx_theme"
 html_title = project
+html_favicon = "_static/favicon.svg"  # browsers ask for one; without it every page logs a 404
 html_copy_source = False
 html_show_sourcelink = False
+html_context = {"default_mode": "auto"}  # the theme's light/dark switch starts from the reader's system setting
 html_theme_options = {
     "logo": {"text": "Transformer course"},
     "navigation_with_keys": True,

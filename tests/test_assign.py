@@ -95,7 +95,8 @@ def test_course_assign_command_writes_exercises(tmp_path):
     nbformat.write(nb, tmp_path / "solutions" / "05_demo.ipynb")
     assert main(["assign", "--root", str(tmp_path)]) == 0
     out = nbformat.read(tmp_path / "exercises" / "05_demo.ipynb", as_version=4)
-    assert out.cells[0].source == "# YOUR CODE HERE\nraise NotImplementedError()"
+    assert out.cells[0].id == "generated-banner" and "`solutions/05_demo.ipynb`" in out.cells[0].source
+    assert out.cells[1].source == "# YOUR CODE HERE\nraise NotImplementedError()"
     with pytest.raises(assign.AssignError, match="NN_topic"):
         assign.lesson_of(Path("setup.ipynb"))
 

@@ -1,11 +1,17 @@
 """course doctor: a missing lesson package fails, a missing extra or developer tool is only noted."""
 
+import shlex
+import subprocess
+import sys
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
 
 from course_tools import doctor
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def installed(versions: dict[str, str]):
@@ -34,9 +40,10 @@ def test_missing_needed_package_fails_but_missing_extras_are_notes(monkeypatch):
     status, text = doctor.check_requirement(Requirement("numpy>=1.26"))
     assert status == "FAIL" and "numpy is not installed" in text and "pip install 'numpy>=1.26'" in text
     status, text = doctor.check_requirement(Requirement("gensim>=4.3"), ["lesson01"])
-    assert status == "NOTE" and "needed for lesson 01 only" in text
+    assert status == "NOTE" and "needed for lesson 01 only" in text and text.endswith('pip install ".[lesson01]"')
     status, text = doctor.check_requirement(Requirement("transformers>=4.44"), ["lesson06", "lesson07"])
     assert status == "NOTE" and "3.0 is outside >=4.44" in text and "lessons 06, 07" in text
+    assert text.endswith('pip install ".[lesson07]"')  # the smaller extra: transformers alone
     status, text = doctor.check_requirement(Requirement("ruff>=0.5"), ["dev"])
     assert status == "NOTE" and "not needed for the lessons" in text
 
@@ -83,3 +90,44 @@ def test_not_installed_copy_says_how_to_install(monkeypatch, tmp_path):
     monkeypatch.setattr(doctor.metadata, "requires", missing)
     with pytest.raises(ValueError, match="pip install . in the course folder"):
         doctor.declared()
+
+
+def suggested(text: str) -> list[str]:
+    """The pip arguments of the command a Check suggests (after "run: ")."""
+    words = shlex.split(text.split("run: ", 1)[1])
+    assert words[:4] == ["python", "-m", "pip", "install"], text
+    return words[4:]
+
+
+def dry_run(args: list[str]) -> str:
+    """What pip says it would do with `args`, offline (every package it needs is installed here)."""
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--no-build-isolation",
+                           *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout + done.stderr
+
+
+def test_suggested_commands_install_what_is_missing(monkeypatch, tmp_path):
+    """pip acts on the suggested commands: it does not answer "Ignoring gensim: markers ... don't match"."""
+    monkeypatch.setattr(doctor.metadata, "version", installed({}))
+    status, text = doctor.check_requirement(Requirement("gensim>=4.3,<5"), ["lesson01"])
+    output = dry_run(suggested(text))
+    assert "Ignoring" not in output and "gensim" in output and "Would install transformer-course" in output
+    # an installed copy (no pyproject.toml) reads requirements with markers from its metadata
+    monkeypatch.setattr(doctor, "PYPROJECT", tmp_path / "absent.toml")
+    status, text = doctor.check_requirement(Requirement('gensim>=4.3,<5; extra == "lesson01"'), ["lesson01"])
+    assert suggested(text) == ["gensim<5,>=4.3"]
+    output = dry_run(suggested(text))
+    assert "Ignoring" not in output and "Requirement already satisfied: gensim" in output
+    assert "Ignoring" in dry_run(['gensim>=4.3,<5; extra == "lesson01"'])  # what the marker did before
+
+
+def test_missing_system_tools_are_notes_naming_the_install(monkeypatch):
+    monkeypatch.setattr(doctor.shutil, "which", lambda program: None)
+    checks = {program: doctor.check_tool(program) for program in doctor.TOOLS}
+    assert all(status == "NOTE" for status, _ in checks.values())
+    assert "course grade" in checks["bwrap"].text and "apt-get install bubblewrap" in checks["bwrap"].text
+    assert "website" in checks["npm"].text and "apt-get install chromium" in checks["chromium"].text
+    monkeypatch.setattr(doctor.shutil, "which", lambda program: f"/usr/bin/{program}")
+    assert doctor.check_tool("node") == ("OK", "node found: Node.js, for building the website (python docs/build.py)")
+    assert [c for c in doctor.diagnose(fetch=False) if c.text.startswith("chromium")][0].status == "OK"

@@ -1,8 +1,10 @@
 """The website: it builds offline from the repository, every lesson has its page, no internal link is
-broken, and in headless Chromium lesson 05 shows typeset math and its figures, lesson 07 its calculator,
-and search finds lesson 03 (docs/browser_check.py). In CI (CI=true) a missing Chromium is a failure."""
+broken, and in headless Chromium no page has a JavaScript error, lesson 05 shows typeset math and its
+figures, lesson 07 its calculator (frozen: no kernel behind it), and search finds lesson 03
+(docs/browser_check.py). In CI (CI=true) a missing Chromium is a failure."""
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -22,6 +24,7 @@ def load(name: str):
 
 site_build = load("build")
 browser_check = load("browser_check")
+commands = load("commands")
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +46,18 @@ def test_every_lesson_and_exercise_has_a_page_and_a_download(site):
     assert "Course map" in home and 'href="notebooks/03_multi_head_attention.html"' in home
 
 
+def test_command_reference_is_current_and_names_every_flag(site):
+    assert commands.main(["--check"]) == 0, "run python docs/commands.py"
+    text = commands.PAGE.read_text(encoding="utf-8")
+    parsers, _ = commands.subcommands()
+    for name, parser in parsers.items():
+        assert f"## `course {name}`" in text
+        for action in parser._actions:
+            assert all(f"`{flag}" in text for flag in action.option_strings if action.help != "==SUPPRESS==")
+    assert "/" + "work" not in text and str(ROOT) not in text  # defaults inside the checkout are shown relative
+    assert (site / "docs" / "pages" / "commands.html").exists()
+
+
 def test_no_page_loads_a_script_from_elsewhere(site):
     for page in site.rglob("*.html"):
         text = page.read_text(encoding="utf-8")
@@ -59,11 +74,46 @@ def test_broken_links_and_missing_pages_are_reported(tmp_path):
         site_build.check(tmp_path)
 
 
-def test_readers_see_math_figures_widgets_and_search(site, tmp_path):
-    chromium = shutil.which("chromium") or "/usr/bin/chromium"
-    if not Path(chromium).exists() or importlib.util.find_spec("playwright") is None:
+def test_saved_widgets_are_disabled_on_the_site_but_not_in_the_download(site):
+    nb = json.loads((ROOT / "notebooks" / "07_gpt_model.ipynb").read_text(encoding="utf-8"))
+    frozen = json.loads(site_build.frozen_widgets(json.dumps(nb)))
+    for saved, state in ((nb, False), (frozen, True)):
+        models = saved["metadata"]["widgets"][site_build.WIDGET_STATE]["state"].values()
+        controls = [m["state"]["disabled"] for m in models if "disabled" in m["state"]]
+        assert len(controls) == 6 and set(controls) == {state}  # dropdown, four numbers, the SwiGLU box
+    download = site / "notebooks" / "07_gpt_model.ipynb"
+    assert download.read_bytes() == (ROOT / "notebooks" / "07_gpt_model.ipynb").read_bytes()
+    assert site_build.frozen_widgets('{"cells": []}') == '{"cells": []}'
+
+
+def chromium() -> str:
+    path = shutil.which("chromium") or "/usr/bin/chromium"
+    if not Path(path).exists() or importlib.util.find_spec("playwright") is None:
         if os.environ.get("CI"):
             pytest.fail("CI needs Chromium (apt-get install chromium) and Playwright for the browser check")
         pytest.skip("no Chromium or Playwright here: apt-get install chromium; pip install playwright")
-    assert browser_check.run(site, chromium, tmp_path / "screenshots") == []
+    return path
+
+
+def test_page_errors_fail_the_browser_check(tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    (tmp_path / "favicon.ico").write_bytes(b"")  # else the browser's request for it logs a 404
+    (tmp_path / "ok.html").write_text("<p>fine</p>")
+    (tmp_path / "throws.html").write_text("<script>MathJax.Hub.Queue(['Typeset'])</script>")
+    (tmp_path / "logs.html").write_text("<script>console.error('widget failed')</script>")
+    assert browser_check.pages(tmp_path) == ["logs.html", "ok.html", "throws.html"]
+    server, base = browser_check.serve(tmp_path)
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium(), headless=True, args=browser_check.CHROMIUM_ARGS)
+            problems = browser_check.check_every_page(browser.new_page(), base, browser_check.pages(tmp_path))
+            browser.close()
+    finally:
+        server.shutdown()
+    assert problems == ["logs.html: console error: widget failed", "throws.html: uncaught MathJax is not defined"]
+
+
+def test_readers_see_math_figures_widgets_and_search(site, tmp_path):
+    assert browser_check.run(site, chromium(), tmp_path / "screenshots") == []
     assert len(list((tmp_path / "screenshots").glob("*.png"))) == 3

@@ -7,7 +7,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_tools import translate
+from course_tools import banner, translate
 from course_tools.grading import submission
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,8 +36,10 @@ def test_committed_notebooks_equal_the_build(lang):
 @pytest.mark.parametrize("path", FILES, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_code_and_outputs_identical_to_english(path):
     for folder in translate.SECTIONS.values():
-        english = nbformat.read(ROOT / folder / f"{path.stem}.ipynb", as_version=4)
+        english = banner.without(nbformat.read(ROOT / folder / f"{path.stem}.ipynb", as_version=4))
         other = nbformat.read(ROOT / folder / path.parent.name / f"{path.stem}.ipynb", as_version=4)
+        assert other.cells[0].id == banner.TAG and f"`{path.relative_to(ROOT)}`" in other.cells[0].source
+        banner.without(other)
         assert [(c.id, c.cell_type) for c in other.cells] == [(c.id, c.cell_type) for c in english.cells]
         for mine, theirs in zip(other.cells, english.cells, strict=True):
             assert mine.metadata == theirs.metadata
@@ -48,7 +50,7 @@ def test_code_and_outputs_identical_to_english(path):
 
 @pytest.mark.parametrize("path", [p for p in FILES if p.parent.name == "ko"], ids=lambda p: p.stem)
 def test_korean_prose_is_korean(path):
-    nb = nbformat.read(ROOT / "notebooks" / "ko" / f"{path.stem}.ipynb", as_version=4)
+    nb = banner.without(nbformat.read(ROOT / "notebooks" / "ko" / f"{path.stem}.ipynb", as_version=4))
     english = [c for c in nb.cells if c.cell_type == "markdown" and not HANGUL.search(c.source)]
     assert english == [], [c.id for c in english]
 
@@ -144,7 +146,8 @@ def test_document_sections_are_translated_or_kept_in_english_with_a_reason(tmp_p
     translate.scaffold(tmp_path, "ko", "README")
     edition = translate.build(tmp_path, "ko")
     assert edition.problems == ["README.md: section learners is untranslated (its text equals the English)"]
-    assert edition.files[tmp_path / "README.ko.md"] == "# 제목\n\n안녕하세요.\n\n## Learners\n\nRead.\n"
+    comment = banner.comment("`notebooks/ko/docs/README.yaml` and `README.md`", "course translate ko")
+    assert edition.files[tmp_path / "README.ko.md"] == f"{comment}\n\n# 제목\n\n안녕하세요.\n\n## Learners\n\nRead.\n"
     (tmp_path / "README.md").write_text("# T\n\nHello again.\n\n## Learners\n\nRead.\n")
     problems = "\n".join(translate.build(tmp_path, "ko").problems)
     assert "section intro is stale" in problems and "entry developers matches no section" in problems
@@ -154,3 +157,30 @@ def test_korean_edition_covers_every_lesson_and_the_learner_documents():
     lessons = {p.stem for p in ROOT.glob("notebooks/[0-9][0-9]_*.ipynb")}
     assert {p.stem for p in translate.translation_files(ROOT, "ko")} == lessons
     assert {p.stem for p in translate.document_files(ROOT, "ko")} == set(translate.DOCUMENTS)
+
+
+def test_every_generated_file_names_its_source_and_command():
+    """exercises/ (course assign), the Korean notebooks and documents (course translate ko)."""
+    for path in sorted((ROOT / "exercises").glob("*.ipynb")):
+        first = nbformat.read(path, as_version=4).cells[0]
+        assert first.id == banner.TAG and f"`solutions/{path.name}`" in first.source
+        assert "`course assign`" in first.source
+    for path in sorted(ROOT.glob("*/ko/*.ipynb")):
+        first = nbformat.read(path, as_version=4).cells[0]
+        assert first.id == banner.TAG and "`course translate ko`" in first.source, path
+        assert slides_type(first) == "skip"
+    for path in [ROOT / "README.ko.md", *sorted((ROOT / "notebooks").glob("*.ko.md"))]:
+        line = path.read_text(encoding="utf-8").splitlines()[0]
+        assert line.startswith("<!-- Generated from `notebooks/ko/docs/") and "`course translate ko`" in line, path
+
+
+def slides_type(cell):
+    return cell.metadata.get("slideshow", {}).get("slide_type")
+
+
+def test_a_rebuild_replaces_the_banner_instead_of_stacking_them(tmp_path):
+    copy_lesson(tmp_path)
+    for _ in range(2):
+        translate.main(type("A", (), {"root": str(tmp_path), "lang": "ko", "check": False, "scaffold": None})())
+    nb = nbformat.read(tmp_path / "notebooks" / "ko" / "09_modern_decoder.ipynb", as_version=4)
+    assert [c.id for c in nb.cells].count(banner.TAG) == 1 and nb.cells[0].id == banner.TAG
