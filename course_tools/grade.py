@@ -9,8 +9,9 @@ For each submission the grader
 4. runs the rebuilt notebook in its own sandbox (``course_tools.grading.sandbox``): a worker and a
    kernel with time, output, memory and process limits; appended cells call the learner's
    functions on the inputs and the outputs come back through a size- and time-limited channel;
-5. checks what came back against a fixed contract and compares it with the reference here, in
-   the grader's process, so nothing the learner's code does can change the verdict.
+5. checks what came back against a fixed contract in a limited child process
+   (``course_tools.grading.results``), then compares it with the reference here, in the grader's
+   process, so nothing the learner's code does can change the verdict or cost the grader.
 An exercise scores its points when every case passes, else 0; a manually graded answer (a written
 explanation) is reported with its text and its points pending. Every problem becomes the
 student's status; the gradebook is rewritten after each student, with the seed of its cases.

@@ -165,7 +165,8 @@ def worked_answers(lesson: str) -> list[str]:
     if not path.is_file():
         return []
     cells = json.loads(path.read_text()).get("cells", [])
-    return ["".join(c.get("source", "")) for c in cells if (c.get("metadata", {}).get("nbgrader") or {}).get("solution")]
+    return ["".join(c.get("source", "")) for c in cells
+            if (c.get("metadata", {}).get("nbgrader") or {}).get("solution")]
 
 
 def used_by_notebook(lesson: str, pristine_sources: list[str]) -> frozenset[tuple[str, str]]:
