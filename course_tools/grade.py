@@ -205,6 +205,7 @@ class Class:
     lesson: str | None = None  # --lesson: the class's lesson, whatever a submission claims
     seed: int | None = None  # --seed: the same cases for everyone (default: a fresh seed per submission)
     explicit: frozenset[str] = frozenset()  # the limits the instructor set on the command line
+    share: float | None = None  # --class-budget: each submission's seconds, over any other limit
 
 
 def claimed_lesson(parsed: submission.Parsed, lesson: str, pristine: dict[str, nbformat.NotebookNode]) -> str | None:
@@ -230,7 +231,8 @@ def grade_file(path: Path, run: Class) -> Submission:
         if warning:
             sub.flags.append(warning)
         base = run.pristine[sub.lesson]
-        grade_parsed(sub, parsed, base, run.sandbox, run.limits.for_lesson(base.metadata, run.explicit), seed)
+        limits = run.limits.for_lesson(base.metadata, run.explicit).within(run.share)
+        grade_parsed(sub, parsed, base, run.sandbox, limits, seed)
     except SubmissionError as exc:
         sub.status = str(exc)
     except Exception as exc:  # a grader bug must cost one row, not the class's gradebook
@@ -315,10 +317,7 @@ def main(args: argparse.Namespace) -> int:
     seconds = share(args, len(files))
     if seconds is not None:
         print(f"class budget {args.class_budget:g} min: at most {seconds:.0f} s per submission", flush=True)
-    run = Class(pristine, limits, sandbox, lesson, args.seed, explicit)
-    if seconds is not None:
-        run.limits = limits.within(seconds)
-        run.explicit = explicit | {"cell_timeout", "notebook_timeout"}  # the budget wins over a lesson's own
+    run = Class(pristine, limits, sandbox, lesson, args.seed, explicit, seconds)
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:  # each grading is its own sandbox
         futures = [pool.submit(grade_file, path, run) for path in files]
         for future in as_completed(futures):

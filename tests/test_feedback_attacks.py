@@ -288,7 +288,8 @@ def test_a_lesson_may_set_its_own_limits_and_the_instructor_overrides_them(hosti
     pristine = ["--exercises", str(tmp_path / "exercises")]
     grade_folder(tmp_path, {"s": EXERCISE}, *pristine)
     grade_folder(tmp_path / "told", {"s": EXERCISE}, "--cell-timeout", "30", *pristine)
-    assert [(r["cell"], r["notebook"]) for r in hostile.runs] == [(240, 900), (30, 900)]
+    grade_folder(tmp_path / "budget", {"s": EXERCISE}, "--class-budget", "5", *pristine)  # 300 s for one
+    assert [(r["cell"], r["notebook"]) for r in hostile.runs] == [(240, 900), (30, 900), (240, 300)]
 
 
 # --- where the gradebook goes ----------------------------------------------------------------------
