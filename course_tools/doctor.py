@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from packaging.requirements import Requirement
 
-from course_utils import data, runtime
+from course_utils import data, pretrained, runtime
 
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 DIST = "transformer-course"
@@ -160,6 +160,10 @@ def diagnose(fetch: bool) -> list[Check]:
     else:
         results.append(Check(OK, f"course corpus not cached yet in {shown(data.cache_dir())}: "
                                  "lesson 01 fetches it (or run `course doctor --fetch`)"))
+    model = pretrained.FETCHED[pretrained.SMOLLM2]
+    cached = (pretrained.models_dir() / model.filename).is_file()
+    results.append(Check(OK, f"SmolLM2-135M-Instruct (lesson 12) {'cached' if cached else 'not cached yet'} in "
+                             f"{shown(pretrained.models_dir())}" + ("" if cached else ": lesson 12 fetches it (93 MB)")))
     return results
 
 

@@ -6,6 +6,7 @@ dequantisation, the Q/K layout, the tokenizer on whole corpora, the chat templat
 decoding.
 """
 
+import copy
 import random
 from pathlib import Path
 
@@ -157,11 +158,10 @@ def float64_angles(hf_model):
 @pytest.fixture(scope="module")
 def float64_pair(ours, hf_model, path):
     """Both models in float64 (copies: the float32 ones stay for the other tests)."""
-    model64, _ = pretrained.load_gguf(path)
-    hf64 = transformers.LlamaForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                         dtype=torch.float64).eval()
+    model, _ = ours
+    model64, hf64 = copy.deepcopy(model).double(), copy.deepcopy(hf_model).double()
     float64_angles(hf64)
-    return model64.double(), hf64
+    return model64, hf64
 
 
 PROMPTS = ["Hi", "The capital of France is", chat.apply_chat_template(CONVERSATIONS[2])]

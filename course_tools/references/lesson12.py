@@ -233,7 +233,7 @@ def q4_1_model(model: torch.nn.Module) -> torch.nn.Module:
 
 
 @question(explain="Q4_1 keeps 16 levels per block of 32 weights; on the 820,480-parameter character model "
-                  "that costs a few hundredths of a nat on the fixed validation slice.",
+                  "that costs about a hundredth of a nat on the fixed validation slice.",
           hints=[known_wrong({
               0.0: "the loss did not change: quantise the weights of the model you evaluate (p.copy_ inside no_grad)",
           })], atol=2e-3)
