@@ -483,11 +483,11 @@ def capstone_lr_mid() -> float:
 # --- experiment: let the model peek -----------------------------------------------------------------
 
 
-@question(explain="without the mask each position reads the next character, so the loop's own loss falls towards 0; "
-                  "scored causally the same weights have never learned to predict and do far worse than ln V.",
-          hints=[known_wrong({"a": "measure both: the loop's own training loss and the causal validation loss",
-                              "c": "the two losses do not move together: look at the causal validation loss",
-                              "d": "the peeking loop's own loss is the lowest of all: it reads the answer"})])
+@question(explain="without the mask each position can read the next character, its target, and the weights learn "
+                  "to lean on it; under the mask that help is gone, so the same weights score worse.",
+          hints=[known_wrong({"a": "compare the two numbers your function printed: the mask changes the loss",
+                              "c": "a short run does not reach 0; look at which of the two losses is lower",
+                              "d": "the loss without the mask is the one that can read the answer: it is the lower"})])
 def peeking_verdict() -> str:
     """What the peeking experiment measures."""
     return "b"
