@@ -59,6 +59,7 @@ FIRST_LINE_UNANSWERED = "your prediction: none yet (write it in the cell above, 
 
 PREDICTION = re.compile(r"^prediction_\w+ = \.\.\.", re.M)
 REVEAL_MARKS = "hide-output"  # MyST-NB's tag: the website shows the outputs behind a toggle
+CODE_MARKS = "hide-input"  # the reveal's own code holds the reason, and with it often the answer
 BEHIND_A_CLICK = ("fragment", "subslide", "slide", "skip")  # slide types that show nothing before a click
 
 
@@ -79,11 +80,13 @@ def reveal_span(cells: list) -> list[int]:
 
 def is_hidden(cell) -> bool:
     """Whether a cell's stored outputs stay out of sight until the learner acts: collapsed in
-    JupyterLab, behind a toggle on the website, a fragment (or a later slide, or no slide) in the slides."""
+    JupyterLab, behind a toggle on the website, a fragment (or a later slide, or no slide) in the slides.
+    A cell that calls ``reveal(`` hides its code too (its ``why=`` states the answer)."""
     slide = cell.metadata.get("slideshow", {}).get("slide_type")
-    return (cell.metadata.get("jupyter", {}).get("outputs_hidden") is True
-            and REVEAL_MARKS in cell.metadata.get("tags", [])
-            and slide in BEHIND_A_CLICK)
+    jupyter, tags = cell.metadata.get("jupyter", {}), cell.metadata.get("tags", [])
+    code_hidden = "reveal(" not in cell.source or (jupyter.get("source_hidden") is True and CODE_MARKS in tags)
+    return (jupyter.get("outputs_hidden") is True and REVEAL_MARKS in tags and slide in BEHIND_A_CLICK
+            and code_hidden)
 
 
 def hide_reveals(nb) -> int:
@@ -96,8 +99,11 @@ def hide_reveals(nb) -> int:
             continue
         cell.metadata.setdefault("jupyter", {})["outputs_hidden"] = True
         tags = cell.metadata.setdefault("tags", [])
-        if REVEAL_MARKS not in tags:
-            tags.append(REVEAL_MARKS)
+        for tag in (REVEAL_MARKS, CODE_MARKS) if "reveal(" in cell.source else (REVEAL_MARKS,):
+            if tag not in tags:
+                tags.append(tag)
+        if "reveal(" in cell.source:
+            cell.metadata["jupyter"]["source_hidden"] = True
         slide = cell.metadata.setdefault("slideshow", {})
         if slide.get("slide_type") not in BEHIND_A_CLICK:
             slide["slide_type"] = "fragment"

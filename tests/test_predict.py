@@ -53,3 +53,5 @@ def test_the_cells_from_a_prediction_to_its_reveal_are_hidden_and_nothing_else()
     assert meta[3]["slideshow"]["slide_type"] == "skip"        # a skipped cell stays off the slides
     assert meta[4]["slideshow"]["slide_type"] == "fragment"
     assert meta[4]["jupyter"]["outputs_hidden"] is True and "hide-output" in meta[4]["tags"]
+    assert meta[4]["jupyter"]["source_hidden"] is True and "hide-input" in meta[4]["tags"]   # why= tells
+    assert "source_hidden" not in meta[3]["jupyter"] and "hide-input" not in meta[3]["tags"]
