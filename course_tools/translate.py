@@ -29,7 +29,7 @@ TRANSLATIONS = "translations"  # the sources of every edition: translations/<lan
 SECTIONS = {"notebooks": "notebooks", "exercises": "exercises"}
 # English documents translated section by section: translation file stem -> path from the root
 DOCUMENTS = {"README": "README.md", "GLOSSARY": "notebooks/GLOSSARY.md", "LECTURE_MAP": "notebooks/LECTURE_MAP.md",
-             "LECTURER": "notebooks/LECTURER.md"}
+             "LECTURER": "notebooks/LECTURER.md", "INSTRUCTORS": "docs/pages/instructors.md"}
 DOC_SECTIONS = ("sections", "english_only")
 
 

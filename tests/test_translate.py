@@ -153,7 +153,7 @@ def test_document_sections_are_translated_or_kept_in_english_with_a_reason(tmp_p
     assert "section intro is stale" in problems and "entry developers matches no section" in problems
 
 
-def test_korean_edition_covers_every_lesson_and_the_learner_documents():
+def test_korean_edition_covers_every_lesson_and_every_document():
     lessons = {p.stem for p in ROOT.glob("notebooks/[0-9][0-9]_*.ipynb")}
     assert {p.stem for p in translate.translation_files(ROOT, "ko")} == lessons
     assert {p.stem for p in translate.document_files(ROOT, "ko")} == set(translate.DOCUMENTS)
@@ -169,7 +169,7 @@ def test_every_generated_file_names_its_source_and_command():
         first = nbformat.read(path, as_version=4).cells[0]
         assert first.id == banner.TAG and "`course translate ko`" in first.source, path
         assert slides_type(first) == "skip"
-    for path in [ROOT / "README.ko.md", *sorted((ROOT / "notebooks").glob("*.ko.md"))]:
+    for path in [ROOT / "README.ko.md", *sorted(ROOT.glob("*/*.ko.md")), *sorted(ROOT.glob("docs/pages/*.ko.md"))]:
         line = path.read_text(encoding="utf-8").splitlines()[0]
         assert line.startswith("<!-- Generated from `translations/ko/docs/") and "`course translate ko`" in line, path
 
