@@ -1,10 +1,10 @@
 """Language editions built from one source: translation files + the English notebooks -> notebooks/<lang>/.
 
-A translation file `notebooks/<lang>/NN_topic.yaml` holds, per English markdown cell id, the translated
+A translation file `translations/<lang>/NN_topic.yaml` holds, per English markdown cell id, the translated
 text and a short hash of the English source it translates. `course translate ko` copies the English
 notebook (code cells and stored outputs unchanged, so nothing is executed again) and swaps the prose;
 `--check` reports stale, missing and untranslated entries and built files that differ from the committed ones.
-Documents (the README, the glossary) work the same way, per `## ` section: `notebooks/<lang>/docs/README.yaml`
+Documents (the README, the glossary) work the same way, per `## ` section: `translations/<lang>/docs/README.yaml`
 builds `README.<lang>.md`; a section a translation leaves in English is listed, with the reason, under `english_only`.
 Every built file opens with a banner naming its two sources and this command (`course_tools.banner`).
 """
@@ -24,11 +24,12 @@ import nbformat
 from course_tools import banner
 
 ROOT = Path(__file__).resolve().parent.parent
+TRANSLATIONS = "translations"  # the sources of every edition: translations/<lang>/NN_topic.yaml, .../docs/DOC.yaml
 # section of a translation file -> the English folder whose notebook it translates
 SECTIONS = {"notebooks": "notebooks", "exercises": "exercises"}
 # English documents translated section by section: translation file stem -> path from the root
 DOCUMENTS = {"README": "README.md", "GLOSSARY": "notebooks/GLOSSARY.md", "LECTURE_MAP": "notebooks/LECTURE_MAP.md",
-             "LECTURER": "notebooks/LECTURER.md"}
+             "LECTURER": "notebooks/LECTURER.md", "INSTRUCTORS": "docs/pages/instructors.md"}
 DOC_SECTIONS = ("sections", "english_only")
 
 
@@ -47,11 +48,11 @@ class Edition:
 
 
 def translation_files(root: Path, lang: str) -> list[Path]:
-    return sorted((root / "notebooks" / lang).glob("*.yaml"))
+    return sorted((root / TRANSLATIONS / lang).glob("*.yaml"))
 
 
 def document_files(root: Path, lang: str) -> list[Path]:
-    return sorted((root / "notebooks" / lang / "docs").glob("*.yaml"))
+    return sorted((root / TRANSLATIONS / lang / "docs").glob("*.yaml"))
 
 
 def load_translation(path: Path, allowed: tuple[str, ...] = tuple(SECTIONS)) -> dict:
@@ -119,7 +120,7 @@ def document_sections(text: str) -> list[tuple[str, str]]:
 
 
 def build_document(root: Path, path: Path) -> Edition:
-    """Build `<doc>.<lang>.md` from `notebooks/<lang>/docs/<doc>.yaml`: every English section translated,
+    """Build `<doc>.<lang>.md` from `translations/<lang>/docs/<doc>.yaml`: every English section translated,
     or listed under `english_only` (then left out of the translated document)."""
     lang, stem, edition = path.parent.parent.name, path.stem, Edition()
     if stem not in DOCUMENTS:
@@ -171,7 +172,7 @@ def build(root: Path, lang: str) -> Edition:
     parts = [build_file(root, p) for p in translation_files(root, lang)] + \
         [build_document(root, p) for p in document_files(root, lang)]
     if not parts:
-        edition.problems.append(f"no translation files in notebooks/{lang}/; start one with "
+        edition.problems.append(f"no translation files in {TRANSLATIONS}/{lang}/; start one with "
                                 f"`course translate {lang} --scaffold NN_topic`")
     for part in parts:
         edition.files.update(part.files)
@@ -189,19 +190,19 @@ def out_of_date(root: Path, edition: Edition) -> list[str]:
 
 
 def scaffold(root: Path, lang: str, lesson: str) -> Path:
-    """Write notebooks/<lang>/<lesson>.yaml with every missing prose cell (English text + hash) to translate
-    (for a document, e.g. README, notebooks/<lang>/docs/README.yaml with every missing section)."""
+    """Write translations/<lang>/<lesson>.yaml with every missing prose cell (English text + hash) to translate
+    (for a document, e.g. README, translations/<lang>/docs/README.yaml with every missing section)."""
     import yaml
 
     if lesson in DOCUMENTS:
-        path = root / "notebooks" / lang / "docs" / f"{lesson}.yaml"
+        path = root / TRANSLATIONS / lang / "docs" / f"{lesson}.yaml"
         data = load_translation(path, DOC_SECTIONS) if path.exists() else {}
         entries, kept = data.setdefault("sections", {}), data.get("english_only") or {}
         for key, text in document_sections((root / DOCUMENTS[lesson]).read_text(encoding="utf-8")):
             if key not in entries and key not in kept:
                 entries[key] = {"hash": source_hash(text), "text": text}
     else:
-        path = root / "notebooks" / lang / f"{lesson}.yaml"
+        path = root / TRANSLATIONS / lang / f"{lesson}.yaml"
         data = load_translation(path) if path.exists() else {}
         for section, folder in SECTIONS.items():
             english = root / folder / f"{lesson}.ipynb"
@@ -248,10 +249,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("translate", help="build the notebooks of a language edition from notebooks/<lang>/*.yaml")
+    p = sub.add_parser("translate", help="build the notebooks of a language edition from translations/<lang>/*.yaml")
     p.add_argument("lang", help="language code, e.g. ko")
     p.add_argument("--check", action="store_true", help="write nothing; report stale, missing or out-of-date files")
-    p.add_argument("--scaffold", metavar="LESSON", help="start or complete notebooks/<lang>/LESSON.yaml "
+    p.add_argument("--scaffold", metavar="LESSON", help="start or complete translations/<lang>/LESSON.yaml "
                    f"(or a document's, LESSON one of {', '.join(DOCUMENTS)})")
     p.add_argument("--root", default=str(ROOT), help=argparse.SUPPRESS)
     p.set_defaults(func=main)

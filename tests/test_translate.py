@@ -1,4 +1,4 @@
-"""Language editions (notebooks/<lang>/*.yaml -> notebooks/<lang>/, exercises/<lang>/) stay in sync with the English."""
+"""Language editions (translations/<lang>/*.yaml -> notebooks/<lang>/, exercises/<lang>/) stay in sync with English."""
 
 import re
 import shutil
@@ -11,7 +11,7 @@ from course_tools import banner, translate
 from course_tools.grading import submission
 
 ROOT = Path(__file__).resolve().parent.parent
-LANGS = sorted(p.name for p in (ROOT / "notebooks").iterdir() if p.is_dir() and list(p.glob("*.yaml")))
+LANGS = sorted(p.name for p in (ROOT / translate.TRANSLATIONS).iterdir() if p.is_dir())
 FILES = [p for lang in LANGS for p in translate.translation_files(ROOT, lang)]
 HANGUL = re.compile(r"[\uac00-\ud7a3]")
 
@@ -69,8 +69,8 @@ def copy_lesson(tmp_path, lesson="09_modern_decoder", lang="ko"):
     for folder in ("notebooks", "exercises"):
         (tmp_path / folder).mkdir()
         shutil.copy(ROOT / folder / f"{lesson}.ipynb", tmp_path / folder)
-    (tmp_path / "notebooks" / lang).mkdir()
-    shutil.copy(ROOT / "notebooks" / lang / f"{lesson}.yaml", tmp_path / "notebooks" / lang)
+    (tmp_path / "translations" / lang).mkdir(parents=True)
+    shutil.copy(ROOT / "translations" / lang / f"{lesson}.yaml", tmp_path / "translations" / lang)
     return tmp_path / "notebooks" / f"{lesson}.ipynb"
 
 
@@ -97,7 +97,7 @@ def test_missing_orphan_and_untranslated_entries_are_reported(tmp_path):
     nb = nbformat.read(english, as_version=4)
     nb.cells.insert(1, nbformat.v4.new_markdown_cell("A new paragraph.", id="feedf00d"))
     nbformat.write(nb, english)
-    yaml_path = tmp_path / "notebooks" / "ko" / "09_modern_decoder.yaml"
+    yaml_path = tmp_path / "translations" / "ko" / "09_modern_decoder.yaml"
     text = yaml_path.read_text(encoding="utf-8").replace("  163e11a0:", "  deadbeef:")
     yaml_path.write_text(text, encoding="utf-8")
     problems = "\n".join(translate.build(tmp_path, "ko").problems)
@@ -133,7 +133,7 @@ def test_documents_split_at_level_two_headings_outside_code_fences():
 
 def test_document_sections_are_translated_or_kept_in_english_with_a_reason(tmp_path):
     (tmp_path / "README.md").write_text("# T\n\nHello.\n\n## Learners\n\nRead.\n\n## Developers\n\nCode.\n")
-    docs = tmp_path / "notebooks" / "ko" / "docs"
+    docs = tmp_path / "translations" / "ko" / "docs"
     docs.mkdir(parents=True)
     sections = dict(translate.document_sections((tmp_path / "README.md").read_text()))
     entry = {"hash": translate.source_hash(sections["intro"]), "text": "# 제목\n\n안녕하세요."}
@@ -146,14 +146,14 @@ def test_document_sections_are_translated_or_kept_in_english_with_a_reason(tmp_p
     translate.scaffold(tmp_path, "ko", "README")
     edition = translate.build(tmp_path, "ko")
     assert edition.problems == ["README.md: section learners is untranslated (its text equals the English)"]
-    comment = banner.comment("`notebooks/ko/docs/README.yaml` and `README.md`", "course translate ko")
+    comment = banner.comment("`translations/ko/docs/README.yaml` and `README.md`", "course translate ko")
     assert edition.files[tmp_path / "README.ko.md"] == f"{comment}\n\n# 제목\n\n안녕하세요.\n\n## Learners\n\nRead.\n"
     (tmp_path / "README.md").write_text("# T\n\nHello again.\n\n## Learners\n\nRead.\n")
     problems = "\n".join(translate.build(tmp_path, "ko").problems)
     assert "section intro is stale" in problems and "entry developers matches no section" in problems
 
 
-def test_korean_edition_covers_every_lesson_and_the_learner_documents():
+def test_korean_edition_covers_every_lesson_and_every_document():
     lessons = {p.stem for p in ROOT.glob("notebooks/[0-9][0-9]_*.ipynb")}
     assert {p.stem for p in translate.translation_files(ROOT, "ko")} == lessons
     assert {p.stem for p in translate.document_files(ROOT, "ko")} == set(translate.DOCUMENTS)
@@ -169,9 +169,9 @@ def test_every_generated_file_names_its_source_and_command():
         first = nbformat.read(path, as_version=4).cells[0]
         assert first.id == banner.TAG and "`course translate ko`" in first.source, path
         assert slides_type(first) == "skip"
-    for path in [ROOT / "README.ko.md", *sorted((ROOT / "notebooks").glob("*.ko.md"))]:
+    for path in [ROOT / "README.ko.md", *sorted(ROOT.glob("*/*.ko.md")), *sorted(ROOT.glob("docs/pages/*.ko.md"))]:
         line = path.read_text(encoding="utf-8").splitlines()[0]
-        assert line.startswith("<!-- Generated from `notebooks/ko/docs/") and "`course translate ko`" in line, path
+        assert line.startswith("<!-- Generated from `translations/ko/docs/") and "`course translate ko`" in line, path
 
 
 def slides_type(cell):
