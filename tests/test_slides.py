@@ -136,7 +136,8 @@ def test_deck_uses_the_stored_outputs_and_requests_nothing_outside_its_folder(de
     assert html.count("<section") == len(slides.slides(nb)) + horizontal
     assert html.count("data:image/png;base64") >= 2  # both figures, from the stored outputs
     assert "\\underbrace" in html  # the math goes to MathJax
-    assert ("# YOUR CODE HERE" not in html) and ("HIDE" not in html) and "NBVAL" not in html
+    text = re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", html)  # a figure's bytes may spell anything
+    assert ("# YOUR CODE HERE" not in text) and ("HIDE" not in text) and "NBVAL" not in text
     assert local_references(deck) == []
     assert not re.search(r"https?://(?!www\.w3\.org)", "\n".join(re.findall(r"<(?:script|link)[^>]*>", html)))
     title = nb.cells[0].source.splitlines()[0].lstrip("# ")
