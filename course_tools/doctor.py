@@ -162,8 +162,8 @@ def diagnose(fetch: bool) -> list[Check]:
                                  "lesson 01 fetches it (or run `course doctor --fetch`)"))
     model = pretrained.FETCHED[pretrained.SMOLLM2]
     cached = (pretrained.models_dir() / model.filename).is_file()
-    results.append(Check(OK, f"SmolLM2-135M-Instruct (lesson 12) {'cached' if cached else 'not cached yet'} in "
-                             f"{shown(pretrained.models_dir())}" + ("" if cached else ": lesson 12 fetches it (93 MB)")))
+    where = f"in {shown(pretrained.models_dir())}" + ("" if cached else ": lesson 12 fetches it (93 MB)")
+    results.append(Check(OK, f"SmolLM2-135M-Instruct (lesson 12) {'cached' if cached else 'not cached yet'} {where}"))
     return results
 
 
