@@ -17,6 +17,8 @@ def test_reference_passes_every_registered_exercise():
 
     assert checks.REGISTRY
     for name, ex in checks.REGISTRY.items():
+        if name == "capstone_training":  # its reference is the threshold: the verdict needs weights trained for
+            continue  # 500 steps (the solution's check cell does that under nbval; tests/test_lesson11.py the rest)
         result = checks.run(name, ex.reference, seed=123)
         assert result.status == PASS, result.report()
 

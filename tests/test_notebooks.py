@@ -93,6 +93,10 @@ def test_every_solution_has_a_lesson_and_an_exercise():
         assert (ROOT / "exercises" / path.name).exists(), f"exercises/{path.name} missing: run `course assign`"
 
 
+# Answer cells checked together by stages instead of one exercise each: the capstone's classes and loop.
+CHECKED_BY_STAGES = {"11_build_your_gpt": {"my_attention", "my_block", "my_gpt", "my_training_loop", "my_generate"}}
+
+
 @pytest.mark.parametrize("path", SOLUTIONS, ids=ids(SOLUTIONS))
 def test_exercise_cells_are_registered_and_checked(path):
     nb = load(path)
@@ -108,6 +112,8 @@ def test_exercise_cells_are_registered_and_checked(path):
     assert answers, f"{path.name}: no exercises"
     for name, cell in answers.items():
         assert "### BEGIN SOLUTION" in cell.source, f"{path.name}: answer {name} has no solution region"
+        if name in CHECKED_BY_STAGES.get(path.stem, ()):
+            continue
         checks.get(name)  # raises if the exercise is not registered
         assert f"{name}_check" in graded, f"{path.name}: answer {name} has no check cell {name}_check"
         meta, check_cell = graded[f"{name}_check"]

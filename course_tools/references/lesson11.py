@@ -280,9 +280,12 @@ def _peeking_verdict(case: Case, got: Any, expected: Any) -> tuple[bool, str]:
 @exercise(cases=_peeking_cases, function="logits_pair", verdict=_peeking_verdict,
           explain="a token's logits depend only on it and the tokens before it: training on all positions "
                   "at once is fair.")
-def capstone_no_peeking(sizes: dict[str, int], idx: torch.Tensor, changed: torch.Tensor) -> None:
-    """Judged by ``_peeking_verdict`` on the learner's two logits tensors; no reference output."""
-    return None
+@torch.no_grad()
+def capstone_no_peeking(sizes: dict[str, int], idx: torch.Tensor, changed: torch.Tensor) \
+        -> tuple[torch.Tensor, torch.Tensor]:
+    """A freshly initialised course GPT's logits for both sequences (the verdict judges the learner's pair)."""
+    model = reference_module("gpt", sizes)
+    return model(idx)[0], model(changed)[0]
 
 
 # --- stage 4: it trains ---------------------------------------------------------------------------
