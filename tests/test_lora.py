@@ -1,6 +1,7 @@
 """LoRA: equal to peft's LoRA on the same weights, zero at the start, merge/unmerge, adapters on disk."""
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -13,15 +14,12 @@ peft = pytest.importorskip("peft")
 TARGETS = ("attn.W_Q", "attn.W_V", "ffn.W_in")
 
 
-def small_gpt(seed: int = 0, attn_impl: str = "fused", **overrides) -> gpt.GPT:
-    """A GPT-2-style model; ``attn_impl="batched"`` makes attention call W_Q, W_K, W_V as modules
-    (peft's layers are only right when called: their ``weight`` is the frozen base weight)."""
+def small_gpt(seed: int = 0, **overrides) -> gpt.GPT:
+    """A GPT-2-style model (its attention calls W_Q, W_K, W_V as layers, so peft's layers, whose
+    ``weight`` is the frozen base weight, take part as ours do)."""
     torch.manual_seed(seed)
     config = dict(vocab_size=50, max_len=16, n_layers=2, n_heads=4, d_model=32) | overrides
-    model = gpt.GPT(gpt.GPTConfig(**config)).eval()
-    for block in model.blocks:
-        block.attn_impl = attn_impl
-    return model
+    return gpt.GPT(gpt.GPTConfig(**config)).eval()
 
 
 def with_random_B(model: nn.Module, seed: int = 1) -> None:
@@ -47,7 +45,7 @@ def peft_twin(ours: nn.Module, plain: nn.Module, rank: int, alpha: float) -> nn.
 
 @pytest.mark.parametrize("rank, alpha", [(1, 1.0), (4, 8.0), (8, 4.0)])
 def test_equals_peft_outputs_and_gradients(rank, alpha):
-    plain = small_gpt(attn_impl="batched")
+    plain = small_gpt()
     ours = copy.deepcopy(plain)
     names = lora.add_lora(ours, TARGETS, rank, alpha)
     with_random_B(ours)
@@ -70,13 +68,15 @@ def test_equals_peft_outputs_and_gradients(rank, alpha):
 @pytest.mark.parametrize("config", [{}, dict(norm="rmsnorm", position="rope", activation="swiglu", bias=False,
                                               n_kv_heads=2)])
 def test_fused_attention_reads_the_effective_weight(config):
-    """The GPT's default attention stacks W_Q, W_K, W_V by reading ``.weight``: W + ΔW there."""
+    """Both attention paths (PyTorch's fused kernel and the explicit softmax) see W + ΔW."""
     fused = small_gpt(**config)
     lora.add_lora(fused, ("W_Q", "W_K", "W_V", "W_gate"), 2, 4.0)
     with_random_B(fused)
     batched = copy.deepcopy(fused)
-    for block in batched.blocks:
-        block.attn_impl = "batched"
+    explicit = gpt.GPT(dataclasses.replace(fused.config, sdpa=False)).eval()
+    lora.add_lora(explicit, ("W_Q", "W_K", "W_V", "W_gate"), 2, 4.0)
+    explicit.load_state_dict(fused.state_dict())
+    batched = explicit
     idx = torch.randint(50, (2, 16))
     out_fused, out_batched = fused(idx[:, :-1], idx[:, 1:]), batched(idx[:, :-1], idx[:, 1:])
     torch.testing.assert_close(out_fused[0], out_batched[0], atol=1e-5, rtol=1e-5)
