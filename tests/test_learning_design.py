@@ -170,7 +170,7 @@ REASONING = {
     "08": {"loss_curve_choice", "tokens_per_step", "mfu_percent"},
     "09": {"rmsnorm_equals_layernorm", "gqa_kv_head", "swiglu_equal_width", "kv_bytes_40_layers",
            "mqa_params_saved"},
-    "10": {"predictions_scored", "batched_beam_candidates", "reading_100100"},
+    "10": {"predictions_scored", "batched_beam_candidates", "reading_101010"},
 }
 
 

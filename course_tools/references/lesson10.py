@@ -341,18 +341,18 @@ def batched_beam_candidates() -> int:
     return 3 * 7 * 20
 
 
-@question(explain="100100 is 10 in the 만 group and 100 in the last: 십만 (a lone 1 before 십 is silent), a space "
-                  "because more follows, then 백 (a lone 1 before 백 is silent too); the zeros are silent.",
+@question(explain="101010 is 10 in the 만 group and 1010 in the last: 십만 (a lone 1 before 십 is silent), a space "
+                  "because more follows, then 천십 (lone 1s before 천 and 십 are silent too); the zeros are silent.",
           hints=[known_wrong({
-              "십만백": "a space follows a 만 group when more follows: 십만, space, 백",
-              "십만 일백": "a 1 before 십, 백 or 천 is silent: 100 is 백",
-              "일십만 백": "a 1 before 십, 백 or 천 is silent: 10 0000 is 십만",
-              "만 백": "that is 10100; 100100 has ten 만",
-              "백만 백": "백만 is 1000000; 100100 is 10 만 and 100",
+              "십만천십": "a space follows a 만 group when more follows: 십만, space, 천십",
+              "십만 일천일십": "a 1 before 십, 백 or 천 is silent: 1010 is 천십",
+              "일십만 일천일십": "a 1 before 십, 백 or 천 is silent: 10 0000 is 십만 and 1010 is 천십",
+              "십만 천": "the last group is 1010: 천, then 십 for the 1 in the tens",
+              "만 천십": "that is 11010; 101010 has ten 만",
           })])
-def reading_100100() -> str:
-    """The Sino-Korean reading of 100100 in the lesson's spacing convention."""
-    return read_number(100100)
+def reading_101010() -> str:
+    """The Sino-Korean reading of 101010 in the lesson's spacing convention."""
+    return read_number(101010)
 
 
 # ------------------------------------------------------------------ the experiment
