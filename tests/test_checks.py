@@ -122,31 +122,31 @@ def test_case_labels_are_strings():
 
 
 def test_a_question_is_checked_on_its_value_with_a_hint_and_no_giveaway(capsys):
-    check.scores_shape((2, 3, 5, 8))
+    check.cross_scores_shape((2, 3, 7, 5))
     out = capsys.readouterr().out
-    assert out.startswith("scores_shape: not right yet\n  ✗ your answer: (2, 3, 5, 8) is not the answer — hint: ")
-    assert "(2, 3, 5, 5)" not in out, "a wrong answer must not be told the right one"
-    check.scores_shape(torch.Size([2, 3, 5, 5]))
+    assert out.startswith("cross_scores_shape: not right yet\n  ✗ your answer: (2, 3, 7, 5) is not the answer")
+    assert "(2, 3, 5, 7)" not in out, "a wrong answer must not be told the right one"
+    check.cross_scores_shape(torch.Size([2, 3, 5, 7]))
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "scores_shape: right" and lines[2].startswith("  why: ")
+    assert lines[0] == "cross_scores_shape: right" and lines[2].startswith("  why: ")
 
 
 def test_a_question_left_at_its_placeholder_is_not_answered(capsys):
-    check.causal_choice(...)
-    assert capsys.readouterr().out.strip() == "causal_choice: not answered yet (replace the ... by your answer)"
-    assert checks.run("causal_choice", lambda: ...).status == checks.NOT_ATTEMPTED
+    check.mask_for_pattern(...)
+    assert capsys.readouterr().out.strip() == "mask_for_pattern: not answered yet (replace the ... by your answer)"
+    assert checks.run("mask_for_pattern", lambda: ...).status == checks.NOT_ATTEMPTED
 
 
 def test_letters_and_numbers_of_questions(capsys):
-    check.causal_choice("B")
-    assert "write just the letter, in lower case: 'b'" in capsys.readouterr().out
-    assert checks.run("uniform_weight", lambda: 0.1251).status == PASS  # numeric answers have a tolerance
+    check.mask_for_pattern("C")  # the right letter in upper case
+    assert "write just the letter, in lower case: 'c'" in capsys.readouterr().out
+    assert checks.run("uniform_weight", lambda: 0.06251).status == PASS  # numeric answers have a tolerance
     assert checks.run("uniform_weight", lambda: 0.2).status == checks.FAIL
 
 
 def test_explanations_are_printed_only_on_a_pass():
-    ex = checks.get("token_index")
+    ex = checks.get("norm_axis")
     assert ex.is_question and ex.explain
-    assert checks.run("token_index", lambda: "b").report().endswith("why: " + ex.explain)
-    assert "why:" not in checks.run("token_index", lambda: "a").report()
+    assert checks.run("norm_axis", lambda: "c").report().endswith("why: " + ex.explain)
+    assert "why:" not in checks.run("norm_axis", lambda: "a").report()
     assert not checks.get("flatten_tokens").is_question

@@ -53,7 +53,7 @@ def results_file(records: list[dict]) -> bytes:
 
 
 class Hostile:
-    """Sandbox's public surface (check, describe, job_settings, kernel_jobdir, run), answering every
+    """Sandbox's public surface (check, describe, host_paths, kernel_jobdir, run), answering every
     exercise with ``message`` raised, and recording the limits each run was given."""
 
     def __init__(self, message: str = "no") -> None:
@@ -65,15 +65,15 @@ class Hostile:
     def describe(self) -> str:
         return "stand-in sandbox"
 
-    def job_settings(self, jobdir: Path) -> dict:
-        (jobdir / "out").mkdir()
-        return {"workdir": str(jobdir), "env": {}, "rlimits": {}}
+    def host_paths(self) -> list[tuple[str, str]]:
+        return []
 
     def kernel_jobdir(self, jobdir: Path) -> str:
         return str(jobdir)
 
-    def run(self, jobdir: Path, job: dict, wall_seconds: float) -> RunResult:
-        self.runs.append({"cell": job["cell_timeout"], "notebook": job["notebook_timeout"], "wall": wall_seconds})
+    def run(self, jobdir: Path, limits, wall_seconds: float, lesson: str | None = None,
+            pristine_sources: list[str] | None = None) -> RunResult:
+        self.runs.append({"cell": limits.cell_timeout, "notebook": limits.notebook_timeout, "wall": wall_seconds})
         names = [p.stem for p in (jobdir / "inputs").iterdir()]
         files = {f"{name}.pt": results_file([{"status": "error", "message": self.message}]
                                             * len(torch.load(jobdir / "inputs" / f"{name}.pt", weights_only=True)))

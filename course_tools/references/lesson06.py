@@ -287,7 +287,7 @@ MINILM_PARAMETERS = 22_713_216  # printed by the lesson: embeddings, 6 blocks, p
 
 def _minilm_block_parameters() -> int:
     with torch.device("meta"):
-        block = TransformerBlock(384, 12, d_ff=1536, norm_first=False)
+        block = make_block(384, 12, d_ff=1536, norm_first=False)
     return sum(p.numel() for p in block.parameters())
 
 

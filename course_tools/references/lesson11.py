@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from course_tools.checks import Case, exercise, question
 from course_tools.references._shared import close, known_wrong
-from course_utils import attention, blocks, data, gpt
+from course_utils import attention, blocks, counting, data, gpt
 
 # --- the fixed contract of the training stage (stated in the notebook) --------------------------
 TRAIN_SIZES = {"max_len": 64, "n_layers": 2, "n_heads": 4, "d_model": 64}
@@ -71,7 +71,7 @@ def reference_module(kind: str, sizes: dict[str, int], activation: str = ACTIVAT
     elif kind == "ffn":
         module = blocks.FeedForward(d, activation=activation)
     elif kind == "block":
-        module = blocks.TransformerBlock(d, h, activation=activation)
+        module = blocks.make_block(d, h, activation=activation)
     elif kind == "gpt":
         module = gpt.GPT(gpt.GPTConfig(activation=activation, **sizes))
     else:
@@ -432,7 +432,7 @@ def capstone_sampling(sizes: dict[str, int], state: dict[str, torch.Tensor], idx
 
 
 def _count_train_config() -> int:
-    return gpt.count_params(gpt.GPTConfig(vocab_size=84, activation=ACTIVATION, **TRAIN_SIZES))
+    return counting.count_params(gpt.GPTConfig(vocab_size=84, activation=ACTIVATION, **TRAIN_SIZES))
 
 
 @question(explain="84·64 token + 64·64 position embeddings, 2 blocks of 49,984 (attention 4·(64·64 + 64), "
