@@ -8,7 +8,8 @@ top to bottom). Two preprocessors fix that, plugged in by the ``nbgrader_config.
 ``course assign --nbgrader DIR`` writes:
 
 - ``StudentVersion`` (first): drops the ``solution-note`` cells, replaces the stored-outputs line,
-  records the lesson in the notebook's metadata for ``course grade``;
+  records the lesson in the notebook's metadata for ``course grade`` and opens with the banner
+  ``course assign`` writes;
 - ``CourseClearSolutions`` (in place of nbgrader's ``ClearSolutions``): each solution region
   becomes exactly the stub ``course assign`` writes.
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 from nbgrader.converters import GenerateAssignment
 from nbgrader.preprocessors import ClearSolutions, NbGraderPreprocessor
 
-from course_tools import assign
+from course_tools import assign, banner
 
 
 class StudentVersion(NbGraderPreprocessor):
@@ -35,6 +36,7 @@ class StudentVersion(NbGraderPreprocessor):
         if lesson:
             grading = nb.metadata.get("course", {}).get("grading")
             nb.metadata["course"] = {"lesson": lesson, "kind": "exercise", **({"grading": grading} if grading else {})}
+            banner.with_banner(nb, banner.text(f"`solutions/{lesson}.ipynb`", "course assign"))
         return nb, resources
 
 
