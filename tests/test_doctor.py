@@ -28,7 +28,7 @@ def test_groups_put_lesson_packages_first_and_name_every_extra():
     names = list(groups)
     assert groups["torch"][1] == [] and groups["ipywidgets"][1] == []
     assert groups["gensim"][1] == ["lesson01"]
-    assert groups["transformers"][1] == ["lesson06", "lesson07", "lesson12"]
+    assert groups["transformers"][1] == ["lesson06", "lesson07", "lesson09", "lesson12"]
     assert groups["gguf"][1] == ["lesson12"]
     assert groups["pytest"][1] == ["dev"] and groups["jupyterlab"][1] == ["dev"]
     assert names.index("torch") < names.index("gensim") < names.index("pytest")
@@ -70,7 +70,7 @@ def test_installed_copy_reads_its_metadata(monkeypatch, tmp_path):
     monkeypatch.setattr(doctor.metadata, "metadata", lambda dist: _Meta(extras))
     groups = doctor.requirement_groups()
     assert groups["torch"][1] == [] and groups["gensim"][1] == ["lesson01"]
-    assert groups["transformers"][1] == ["lesson06", "lesson07", "lesson12"]
+    assert groups["transformers"][1] == ["lesson06", "lesson07", "lesson09", "lesson12"]
     assert groups["gguf"][1] == ["lesson12"] and doctor.DIST not in groups
 
 

@@ -74,7 +74,7 @@ def test_doctor_notes_the_extras_without_failing(minimal):
     out = run([bin_dir / "course", "doctor"], folder).stdout
     assert "FAIL" not in out
     assert "NOTE gensim is not installed: needed for lesson 01 only" in out
-    assert "NOTE transformers is not installed: needed for lessons 06, 07 only" in out
+    assert "NOTE transformers is not installed: needed for lessons 06, 07, 09, 12 only" in out
     assert "NOTE pytest is not installed: a developer and instructor tool" in out
 
 

@@ -91,7 +91,7 @@ def random_unicode(n: int, seed: int) -> str:
 
 
 def corpora() -> dict[str, str]:
-    korean = [line for p in sorted((ROOT / "notebooks" / "ko").glob("*.yaml"))
+    korean = [line for p in sorted((ROOT / "translations" / "ko").glob("*.yaml"))
               for line in p.read_text(encoding="utf-8").splitlines()]
     code = [p.read_text(encoding="utf-8") for p in sorted((ROOT / "course_utils").glob("*.py"))]
     emoji = "👩‍👩‍👧‍👦 🇰🇷🇫🇷 👍🏽👍🏿 ❤️‍🔥 🧑‍💻 (╯°□°)╯︵ ┻━┻ ✨🤖✨ 1️⃣2️⃣ "
