@@ -20,8 +20,6 @@ student's status; the gradebook is rewritten after each student, with the seed o
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import importlib
 import os
 import shutil
 import sys

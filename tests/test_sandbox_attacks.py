@@ -277,7 +277,8 @@ def test_library_shortcuts_score_zero_and_are_flagged_however_they_are_reached(a
     assert all(points == 0 and "teaches" in status for points, status in got.values()), got
     assert shortcuts.FLAG in row["flags"]
     genuine = attacked["rows"]["genuine02"]
-    assert genuine["total"] == genuine["max"] - genuine["pending"] and genuine["flags"] == []  # the written explanation waits
+    # every automatic point; the written explanation waits for the instructor (pending)
+    assert genuine["total"] == genuine["max"] - genuine["pending"] and genuine["flags"] == []
 
 
 @needs_sandbox
