@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TRANSLATIONS = "translations"  # the sources of every edition: translations/<lang>/NN_topic.yaml, .../docs/DOC.yaml
 # section of a translation file -> the English folder whose notebook it translates
 SECTIONS = {"notebooks": "notebooks", "exercises": "exercises"}
+# nbgrader's solution marker: a translation may not bring back an answer that `course assign` removed.
+SOLUTION_MARK = "BEGIN SOLUTION"
 # English documents translated section by section: translation file stem -> path from the root
 DOCUMENTS = {"README": "README.md", "GLOSSARY": "notebooks/GLOSSARY.md", "LECTURE_MAP": "notebooks/LECTURE_MAP.md",
              "LECTURER": "notebooks/LECTURER.md", "INSTRUCTORS": "docs/pages/instructors.md"}
@@ -98,6 +100,10 @@ def translate_cells(nb: nbformat.NotebookNode, entries: dict, where: str) -> tup
         prose_ids.add(cell.id)
         text, found = translated(entries.get(cell.id), cell.source, f"{where}: cell {cell.id}")
         problems += found
+        if text is not None and SOLUTION_MARK in text and SOLUTION_MARK not in cell.source:
+            problems.append(f"{where}: cell {cell.id} translates an answer the English cell hides; "
+                            "keep its \"YOUR ANSWER HERE\" instead of the solution")
+            text = None
         if text is not None:
             cell.source = text
     for orphan in sorted(set(entries) - prose_ids):

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import yaml
 
 from course_tools import banner, translate
 from course_tools.grading import submission
@@ -184,3 +185,29 @@ def test_a_rebuild_replaces_the_banner_instead_of_stacking_them(tmp_path):
         translate.main(type("A", (), {"root": str(tmp_path), "lang": "ko", "check": False, "scaffold": None})())
     nb = nbformat.read(tmp_path / "notebooks" / "ko" / "09_modern_decoder.ipynb", as_version=4)
     assert [c.id for c in nb.cells].count(banner.TAG) == 1 and nb.cells[0].id == banner.TAG
+
+
+def test_a_translation_cannot_put_a_hidden_answer_back_into_an_exercise(tmp_path):
+    """An exercise cell reads YOUR ANSWER HERE; a translation that still holds the solution is refused, and the
+    built Korean exercise keeps the English placeholder (no answer reaches the student)."""
+    lesson = "13_adapting"
+    copy_lesson(tmp_path, lesson)
+    exercise = nbformat.read(tmp_path / "exercises" / f"{lesson}.ipynb", as_version=4)
+    cell = next(c for c in exercise.cells if c.cell_type == "markdown" and c.source.endswith("YOUR ANSWER HERE"))
+    path = tmp_path / "translations" / "ko" / f"{lesson}.yaml"
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data["exercises"][cell.id]["text"] += "\n\n### BEGIN SOLUTION\n정답\n### END SOLUTION"
+    path.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+    edition = translate.build_file(tmp_path, path)
+    assert any(cell.id in p and "YOUR ANSWER HERE" in p for p in edition.problems), edition.problems
+    built = nbformat.reads(edition.files[tmp_path / "exercises" / "ko" / f"{lesson}.ipynb"], as_version=4)
+    assert "정답" not in "".join(c.source for c in built.cells)
+
+
+def test_no_exercise_notebook_in_any_language_holds_a_solution():
+    """What a student is handed carries no solution region and no 'why this answer' note, in either edition."""
+    for path in sorted((ROOT / "exercises").rglob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            assert "BEGIN SOLUTION" not in cell.source, f"{path.relative_to(ROOT)}: cell {cell.id}"
+            assert "solution-note" not in cell.metadata.get("tags", []), f"{path.relative_to(ROOT)}: cell {cell.id}"

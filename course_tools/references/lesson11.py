@@ -490,7 +490,7 @@ def capstone_lr_mid() -> float:
                   "to lean on it; under the mask that help is gone, so the same weights score worse.",
           hints=[known_wrong({"a": "compare the two numbers your function printed: the mask changes the loss",
                               "c": "a short run does not reach 0; look at which of the two losses is lower",
-                              "d": "the loss without the mask is the one that can read the answer: it is the lower"})])
+                              "b": "the loss without the mask is the one that can read the answer: it is the lower"})])
 def peeking_verdict() -> str:
     """What the peeking experiment measures."""
-    return "b"
+    return "d"

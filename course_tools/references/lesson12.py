@@ -195,27 +195,27 @@ def roofline_tokens_per_s() -> float:
           hints=[known_wrong({
               "a": "RoPE does rotate q and k in SmolLM2 (rope.freq_base = 100,000)",
               "c": "the file's rows are permuted relative to Hugging Face's; it is HF's that need rope_halves_to_pairs",
-              "d": "the score q·k is unchanged by a permutation only if q and k are permuted alike, and the rotation "
+              "b": "the score q·k is unchanged by a permutation only if q and k are permuted alike, and the rotation "
                    "must pair the right features",
           })])
 def gguf_rope_layout() -> str:
     """Why do the GGUF file's W_Q and W_K load into the course's GPT without rope_halves_to_pairs?
-    (a) SmolLM2 has no RoPE; (b) the file stores neighbour-pair order, the course's; (c) the file stores
-    Hugging Face's rotate-half order; (d) the order of the rows never matters."""
-    return "b"
+    (a) SmolLM2 has no RoPE; (b) the order of the rows never matters; (c) the file stores Hugging Face's
+    rotate-half order; (d) the file stores neighbour-pair order, the course's."""
+    return "d"
 
 
 @question(explain="the vocabulary was learned mostly from English: a Korean syllable is 3 UTF-8 bytes and few "
                   "merges join them, so Korean text needs more tokens per character and costs more context and time.",
           hints=[known_wrong({
               "a": "Korean has fewer characters per word, but each syllable is 3 UTF-8 bytes that few merges cover",
-              "c": "the model reads every token the same way; the count is fixed by the tokenizer",
+              "b": "the model reads every token the same way; the count is fixed by the tokenizer",
           })])
 def korean_tokens() -> str:
     """Korean text takes more SmolLM2 tokens per character than English. Why? (a) Korean words are shorter;
-    (b) the merges were learned mostly from English and a Hangul syllable is 3 UTF-8 bytes;
-    (c) the model reads Korean more slowly."""
-    return "b"
+    (b) the model reads Korean more slowly; (c) the merges were learned mostly from English and a Hangul
+    syllable is 3 UTF-8 bytes."""
+    return "c"
 
 
 # ------------------------------------------------------------------ experiment

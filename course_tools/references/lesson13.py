@@ -1,6 +1,6 @@
 """Exercises of lesson 13: a LoRA linear layer, merging an adapter, the loss mask of a prompt-answer
-pair, and the DPO loss; five self-check questions and one experiment (the rank at which LoRA
-matches full fine-tuning of one layer).
+pair, and the DPO loss; five self-check questions and one experiment (the rank of the update
+that a rank-16 adapter learns on one layer).
 
 The hints name the usual mistakes: α/r forgotten or α alone, B A in the wrong order, the prompt
 left in the loss, the mask not shifted with the targets, the reference model left out (or updated),
@@ -219,21 +219,21 @@ def answer_positions() -> int:
 @question(explain="β multiplies the log-ratio inside the sigmoid: with a larger β a smaller move away from the "
                   "reference already makes the loss small, so the policy stays closer to it (smaller KL).",
           hints=[known_wrong({
-              "a": "a larger β saturates the sigmoid sooner: less movement is needed, not more",
+              "b": "a larger β saturates the sigmoid sooner: less movement is needed, not more",
               "c": "β changes the loss and its gradient (−β σ(−βm)), so it changes how far the policy moves",
               "d": "the reference is frozen whatever β is; β only sets how far the policy moves from it",
           })])
 def beta_choice() -> str:
     """Multiple choice: what a larger β does in DPO."""
-    return "b"
+    return "a"
 
 
 # ------------------------------------------------------------------ the experiment
 
 
-def _rank_error(rank: int, seed: int = 0, true_rank: int = 4, steps: int = 300) -> float:
-    """MSE after training rank-``rank`` LoRA on one 32 × 32 layer toward W + ΔW (ΔW of rank
-    ``true_rank``), relative to the MSE before training."""
+def _learned_update(rank: int = 16, seed: int = 0, true_rank: int = 4, steps: int = 300) -> torch.Tensor:
+    """ΔW (32, 32) that a rank-``rank`` LoRA learns on one 32 × 32 layer trained toward W + ΔW, where the
+    true ΔW has rank ``true_rank``: the draws and the training the experiment's text prescribes."""
     g = torch.Generator().manual_seed(seed)
     D = 32
     base = nn.Linear(D, D)
@@ -253,18 +253,21 @@ def _rank_error(rank: int, seed: int = 0, true_rank: int = 4, steps: int = 300) 
         loss.backward()
         opt.step()
     with torch.no_grad():
-        return (F.mse_loss(layer(x), y) / F.mse_loss(base(x), y)).item()
+        return layer.delta_weight()
 
 
-@question(explain="full fine-tuning can reach any ΔW; LoRA of rank r reaches the rank-r updates, so the error "
-                  "stays large for r < 4 (the rank of the true update) and falls to rounding from r = 4 on.",
+@question(explain="the adapter may use 16 directions but the data only asks for 4: B starts at zero, every step "
+                  "moves B A toward the rank-4 residual, so the learned ΔW has four singular values near the true "
+                  "ones and the rest below 1% of the largest.",
           hints=[known_wrong({
-              8: "rank 4 already reaches the update; check the rank-4 error against the threshold",
-              1: "rank 1 cannot express a rank-4 update: its error stays far above 1e-3",
-              2: "rank 2 cannot express a rank-4 update: its error stays far above 1e-3",
-              32: "full rank is not needed: the true update has rank 4",
+              16: "that is the adapter's rank, an upper bound; count the singular values of (α/r)·B A itself",
+              15: "that counts A's singular values: A starts random and full-rank; count those of (α/r)·B A",
+              7: "that counts B's singular values alone; the update is the product (α/r)·B A",
+              31: "that counts the merged weight W + ΔW, whose W is full-rank; count ΔW = (α/r)·B A alone",
+              32: "that counts the merged weight W + ΔW, whose W is full-rank; count ΔW = (α/r)·B A alone",
           })])
-def rank_that_matches() -> int:
-    """Experiment: the smallest rank in (1, 2, 4, 8) whose relative error falls below 1e-3."""
+def learned_rank() -> int:
+    """Experiment: how many singular values of the update a rank-16 LoRA learned exceed 1% of the largest."""
     with torch_threads(1):
-        return next(r for r in (1, 2, 4, 8) if _rank_error(r) < 1e-3)
+        s = torch.linalg.svdvals(_learned_update())
+    return int((s > 0.01 * s[0]).sum())
