@@ -1,4 +1,14 @@
-"""course_tools: the course's machinery (checks, exercise references, assign, grade, notebook runs, doctor, CLI).
+"""course_tools: the course's machinery around the library; learners read ``course_utils``, not this.
 
-The model code that learners read lives in ``course_utils``; nothing there imports this package.
+Subpackages, one per job:
+
+- ``cli``: the ``course`` command and the subcommands that run models and notebooks (doctor, run, train,
+  sample, bench, gpu-check, chat) with their run-time tuning;
+- ``exercises``: the checks a notebook calls, each lesson's references, predictions, ``course assign``;
+- ``grading``: ``course grade``, the sandbox, the typed job contract between grader and worker, reports;
+- ``editions``: ``course translate`` and ``course slides``, and the banner of every generated file.
+
+Two modules stand alone: ``notebook_exec`` executes a notebook in a kernel (for ``course run`` and the
+grading worker) and ``shipped_model`` trains and exports the GPT shipped in ``course_utils/pretrained``.
+Nothing in ``course_utils`` imports this package.
 """

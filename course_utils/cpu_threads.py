@@ -3,7 +3,7 @@
 Small models on shared cores often run faster on one thread than on several (each step waits for
 its slowest thread); word2vec and the graders' references pin the count for a block with
 ``torch_threads``. How ``course train`` picks its thread count is run-time tuning
-(``course_tools.tuning``), not part of the library.
+(``course_tools.cli.tuning``), not part of the library.
 """
 
 from __future__ import annotations

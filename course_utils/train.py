@@ -79,7 +79,7 @@ TRAIN_PRESETS = {
     # nanoGPT's shakespeare_char recipe
     "shakespeare_char": dict(batch_size=64, max_iters=5000, lr=1e-3, min_lr=1e-4, warmup_iters=100,
                              eval_interval=250, eval_iters=200),
-    # the shipped model (python -m course_tools.pretrained): 4 blocks x width 128, context 128, on 1 CPU thread
+    # the shipped model (python -m course_tools.shipped_model): 4 blocks x width 128, context 128, on 1 CPU thread
     "shakespeare_char_small": dict(batch_size=12, max_iters=4000, lr=4e-3, min_lr=4e-4, warmup_iters=100,
                                    eval_interval=500, eval_iters=20),
     # GPT-2 small on 8 GPUs: 12 sequences x 1,024 tokens x 5 micro-steps x 8 processes ~ 0.5 M tokens

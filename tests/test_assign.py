@@ -12,8 +12,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from course_tools import assign
 from course_tools.cli import main
+from course_tools.exercises import assign
 from course_tools.grading import submission as reading
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -458,7 +458,7 @@ def test_multi_head_attention_errors():
 
 
 def first_hint(name: str, fn) -> str:
-    from course_tools import checks
+    from course_tools.exercises import checks
 
     lines = [o.line for o in checks.run(name, fn, seed=7).outcomes if "hint:" in o.line]
     assert lines, f"{name}: no failing case carries a hint"

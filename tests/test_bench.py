@@ -7,8 +7,8 @@ import re
 import pytest
 import torch
 
+from course_tools.cli import bench
 from course_tools.cli import main as cli
-from course_tools.commands import bench
 
 
 def test_the_two_models_have_the_same_parameters():

@@ -246,7 +246,7 @@ def test_block_causal_and_padding_masks():
 # ---------------------------------------------------------------- lesson 04 exercises: references pass, hints fire
 
 def _run(name, fn):
-    from course_tools.checks import run
+    from course_tools.exercises.checks import run
     return run(name, fn, seed=123)
 
 
@@ -255,7 +255,7 @@ def _hints(result):
 
 
 def test_lesson04_references_pass():
-    from course_tools.checks import get
+    from course_tools.exercises.checks import get
     for name in ["layer_norm", "rms_norm", "relu_ffn", "pre_ln_sublayer", "block_parameters"]:
         assert _run(name, get(name).reference).status == "pass", name
 

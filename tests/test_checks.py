@@ -8,12 +8,12 @@ import pytest
 import torch
 from einops import rearrange
 
-from course_tools import checks
-from course_tools.checks import PASS, Case, check, compare
+from course_tools.exercises import checks
+from course_tools.exercises.checks import PASS, Case, check, compare
 
 
 def test_reference_passes_every_registered_exercise():
-    from course_tools import references  # noqa: F401
+    from course_tools.exercises import references  # noqa: F401
 
     assert checks.REGISTRY
     for name, ex in checks.REGISTRY.items():
@@ -71,7 +71,7 @@ def test_strict_mode_raises_a_one_line_error(monkeypatch, capsys):
 
 UNDER_NBGRADER = """
 import os
-from course_tools.checks import check, CheckFailed
+from course_tools.exercises.checks import check, CheckFailed
 os.environ["COURSE_CHECKS_STRICT"] = "0"  # what an answer cell could do
 os.environ.pop("NBGRADER_EXECUTION", None)
 try:

@@ -8,7 +8,7 @@ import torch
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from course_tools.cli import COMMANDS, main
-from course_tools.notebook_run import SLOW_CELL_S
+from course_tools.cli.run import SLOW_CELL_S
 
 
 def test_every_subcommand_has_help(capsys):
@@ -67,7 +67,7 @@ def test_run_reports_a_failing_notebook(tmp_path, capsys):
 
 
 # --- course train / course sample: a user's mistake is one line naming the fix ------------------------
-from course_tools.commands import train as train_command  # noqa: E402
+from course_tools.cli import train as train_command  # noqa: E402
 from course_utils import train  # noqa: E402
 
 TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n" * 30

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_tools import tuning
 from course_tools.cli import main as course
+from course_tools.cli import tuning
 from course_utils import runtime, train
 from course_utils.gpt import GPT, GPTConfig
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from course_tools import doctor
+from course_tools.cli import doctor
 
 ROOT = Path(__file__).resolve().parent.parent
 

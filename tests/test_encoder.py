@@ -306,7 +306,7 @@ def test_sentence_embeddings_match_sentence_transformers(minilm):
 # --- lesson 06 exercises: references and hand-written answers pass, hints fire ----------------
 
 def _run(name, fn):
-    from course_tools.checks import run
+    from course_tools.exercises.checks import run
 
     return run(name, fn, seed=123)
 
@@ -341,7 +341,7 @@ def hand_block(x, attention_mask, w, n_heads, post_ln=True, masked=True, approxi
 
 
 def test_lesson06_references_and_hand_answers_pass():
-    from course_tools.checks import get
+    from course_tools.exercises.checks import get
 
     for name in ["extended_attention_mask", "post_ln_encoder_block", "masked_mean_pool", "bert_layer_names",
                  "contextual_similarity"]:

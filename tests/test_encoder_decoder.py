@@ -350,8 +350,8 @@ def test_an_encoder_without_blocks_keeps_each_memory_position_to_its_own_source_
 # ------------------------------------------------------------------------ lesson 10 exercises
 
 def test_lesson10_exercises_pass_their_references_and_catch_the_classic_mistakes():
-    from course_tools.checks import FAIL, PASS, run
-    from course_tools.references import lesson10 as ex
+    from course_tools.exercises.checks import FAIL, PASS, run
+    from course_tools.exercises.references import lesson10 as ex
 
     for name in ("cross_attention", "decoder_block", "seq2seq_loss", "greedy_step", "beam_step", "decoder_masks"):
         assert run(name, getattr(ex, name), seed=0).status == PASS

@@ -24,9 +24,9 @@ import pytest
 import torch
 from test_grade import EXERCISE, LESSON, SOLUTION
 
-from course_tools import checks, grade
 from course_tools.cli import main
-from course_tools.grading import channel, report
+from course_tools.exercises import checks
+from course_tools.grading import channel, grade, report
 from course_tools.grading.report import ExerciseScore, Gradebook, Submission, feedback_markdown, gradebook_csv
 from course_tools.grading.sandbox import RunResult
 from course_tools.grading.text import clean, file_name, redact

@@ -184,8 +184,8 @@ def test_generate_restores_training_mode_and_checks_input():
 # ------------------------------------------------------------------------ lesson 07 exercises
 
 def test_sampling_exercises_catch_the_classic_mistakes():
-    from course_tools.checks import FAIL, PASS, run
-    from course_tools.references import lesson07 as ex
+    from course_tools.exercises.checks import FAIL, PASS, run
+    from course_tools.exercises.references import lesson07 as ex
 
     for name in ("sample_with_temperature", "top_k_probs", "top_p_probs", "kv_attention_step"):
         assert run(name, getattr(ex, name), seed=0).status == PASS

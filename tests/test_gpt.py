@@ -228,8 +228,8 @@ def test_hf_loading_rejects_wrong_input():
 # ------------------------------------------------------------------------ lesson 07 exercises
 
 def test_block_exercise_catches_an_off_by_one_causal_mask():
-    from course_tools.checks import FAIL, PASS, run
-    from course_tools.references import lesson07 as ex
+    from course_tools.exercises.checks import FAIL, PASS, run
+    from course_tools.exercises.references import lesson07 as ex
 
     assert run("gpt_block", ex.gpt_block, seed=0).status == PASS
     for diagonal, words in ((1, "off by one"), (-1, "see itself")):
@@ -239,8 +239,8 @@ def test_block_exercise_catches_an_off_by_one_causal_mask():
 
 
 def test_count_and_loss_exercises():
-    from course_tools.checks import PASS, run
-    from course_tools.references import lesson07 as ex
+    from course_tools.exercises.checks import PASS, run
+    from course_tools.exercises.references import lesson07 as ex
 
     assert run("gpt_param_count", ex.gpt_param_count).status == PASS
     tied_twice = run("gpt_param_count", lambda V, n, d, L: ex.gpt_param_count(V, n, d, L) + V * d)

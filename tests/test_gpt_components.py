@@ -249,8 +249,8 @@ def test_kv_cache_bytes_at_llama_sizes():
 
 
 # --- lesson 09 exercises: references pass their own checks, hints name the mistake -------------------
-from course_tools import checks  # noqa: E402
-from course_tools.references import lesson09 as ex  # noqa: E402
+from course_tools.exercises import checks  # noqa: E402
+from course_tools.exercises.references import lesson09 as ex  # noqa: E402
 
 EXERCISES = ["swiglu", "rope_scores", "gqa_attention", "gqa_cache_step", "llama_block_params"]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_tools import tuning
+from course_tools.cli import tuning
 from course_utils import counting, gpt, runtime, train
 
 ROOT = Path(__file__).resolve().parent.parent

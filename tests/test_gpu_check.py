@@ -11,8 +11,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from course_tools.cli import gpu_check
 from course_tools.cli import main as cli
-from course_tools.commands import gpu_check
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -62,7 +62,7 @@ def tamper_checks(nb):
 
 
 MONKEYPATCH = (
-    "import course_tools.checks as checks\n"
+    "import course_tools.exercises.checks as checks\n"
     "checks.compare = lambda *a, **k: (True, 'ok')\n"
     "checks.judge = lambda ex, case, got, expected: checks.Outcome('pass', 'ok')\n"
     "import torch\n"

@@ -126,7 +126,7 @@ DAEMON = ("import subprocess, sys\n"
           "subprocess.Popen([sys.executable, '-c', 'import time\\nwhile True: time.sleep(1)  # course-attack-daemon'],"
           " start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
           + RIGHT["flatten_tokens"])
-REFERENCES = "from course_tools.references.lesson00 import flatten_tokens\n"
+REFERENCES = "from course_tools.exercises.references.lesson00 import flatten_tokens\n"
 SNEAKY = reporter("mean_over_time", """
 import importlib, os, course_tools
 seen = []
@@ -423,7 +423,7 @@ def test_printed_table_has_no_escape_codes(attacked):
 
 @needs_sandbox
 def test_signal_ignoring_and_stopping_answers_cannot_stretch_the_clock(attacked):
-    from course_tools.grade import WALL_GRACE
+    from course_tools.grading.grade import WALL_GRACE
 
     for name in ("deaf", "freezer"):
         row = attacked["rows"][name]
@@ -496,7 +496,8 @@ def test_compressed_and_inflating_outputs_are_refused_before_loading():
 def test_hints_run_only_on_answers_of_bounded_size():
     import torch
 
-    from course_tools import checks, grade
+    from course_tools.exercises import checks
+    from course_tools.grading import grade
 
     calls = []
     ex = checks.Exercise("x", reference=lambda x: x, cases=None,

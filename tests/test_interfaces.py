@@ -22,8 +22,12 @@ def section() -> str:
     return text[start:text.index("\n## ", start + 1) if "\n## " in text[start + 1:] else len(text)]
 
 
+# where a short module name in the section may live: the library, then the command line's run-time tuning
+PACKAGES = ("course_utils", "course_tools.cli")
+
+
 def is_ours(module: str) -> bool:
-    return any((ROOT / package / f"{module}.py").is_file() for package in ("course_utils", "course_tools"))
+    return any((ROOT / package.replace(".", "/") / f"{module}.py").is_file() for package in PACKAGES)
 
 
 def documented() -> list[tuple[str, str, str]]:
@@ -32,7 +36,7 @@ def documented() -> list[tuple[str, str, str]]:
 
 
 def resolve(module: str, name: str):
-    for package in ("course_utils", "course_tools"):
+    for package in PACKAGES:
         try:
             obj = importlib.import_module(f"{package}.{module}")
         except ModuleNotFoundError:
@@ -40,7 +44,7 @@ def resolve(module: str, name: str):
         for part in name.split("."):
             obj = getattr(obj, part)
         return obj
-    raise AssertionError(f"no module course_utils.{module} or course_tools.{module}")
+    raise AssertionError(f"no module {module} in {PACKAGES}")
 
 
 def split_params(text: str) -> list[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_tools.predict import is_hidden, reveal_span
+from course_tools.exercises.predict import is_hidden, reveal_span
 
 ROOT = Path(__file__).resolve().parent.parent
 # Lessons still being brought to the design (each removes itself when it lands; empty when done).
@@ -95,7 +95,7 @@ def test_every_exercise_says_what_it_practises(name):
 def test_no_stored_output_spoils_a_prediction(name):
     """Every code cell between a prediction and its reveal (the reveal included) keeps its stored
     output out of sight: collapsed in JupyterLab, behind a toggle on the website, a fragment or a
-    later slide in the slides (``python -m course_tools.predict notebooks/NN_topic.ipynb`` marks them)."""
+    later slide in the slides (``python -m course_tools.exercises.predict notebooks/NN_topic.ipynb`` marks them)."""
     nb = cells("notebooks", name)
     span = reveal_span(nb)
     assert any("reveal(" in nb[i].source for i in span), f"notebooks/{name}: no reveal after a prediction"
@@ -176,7 +176,7 @@ REASONING = {
 
 def registered_questions() -> dict[str, dict[str, object]]:
     """lesson -> {question name: Exercise} for every self-check question (experiments left out)."""
-    from course_tools import checks, references  # noqa: F401  (registers every lesson)
+    from course_tools.exercises import checks, references  # noqa: F401  (registers every lesson)
 
     out: dict[str, dict[str, object]] = {}
     for name, ex in checks.REGISTRY.items():
@@ -251,7 +251,7 @@ def test_no_two_lessons_ask_the_same_question():
 def test_multiple_choice_letters_are_balanced():
     """Across the course every letter a-d is the right answer about equally often (no 'b' habit);
     experiments that answer with a letter count too."""
-    from course_tools import checks, references  # noqa: F401
+    from course_tools.exercises import checks, references  # noqa: F401
 
     letter_questions = [ex for qs in registered_questions().values() for ex in qs.values()]
     letter_questions += [ex for ex in checks.REGISTRY.values()  # experiments answered with a letter
@@ -265,7 +265,7 @@ def test_multiple_choice_letters_are_balanced():
 
 def test_experiments_vary_their_template():
     """At most two lessons' experiments search a grid for the smallest value that passes a threshold."""
-    from course_tools import checks, references  # noqa: F401
+    from course_tools.exercises import checks, references  # noqa: F401
 
     grid = sorted(ex.reference.__module__[-2:] for ex in checks.REGISTRY.values() if ex.is_question
                   and (ex.reference.__doc__ or "").startswith("Experiment: the smallest"))

@@ -1,6 +1,6 @@
 """Lesson 08's experiment: the learner's notebook and the grader's reference sweep the same data.
 
-The grader hides ``course_tools.references`` from submissions, so solutions/08 defines the bigram
+The grader hides ``course_tools.exercises.references`` from submissions, so solutions/08 defines the bigram
 tokens and the learning-rate grid itself; they must stay equal to the reference's."""
 
 from pathlib import Path
@@ -8,7 +8,7 @@ from pathlib import Path
 import nbformat
 import torch
 
-from course_tools.references import lesson08
+from course_tools.exercises.references import lesson08
 
 ROOT = Path(__file__).resolve().parent.parent
 

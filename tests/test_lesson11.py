@@ -1,4 +1,4 @@
-"""The capstone's grading (course_tools/references/lesson11.py): the name mapping, the hints that name
+"""The capstone's grading (course_tools/exercises/references/lesson11.py): the name mapping, the hints that name
 the usual mistakes, the verdicts of the stages that judge instead of comparing, and the lesson's
 grading limits. The full notebooks are graded end to end in tests/test_grade.py's way by nbval and by
 ``course grade`` (see the lesson's report); these tests are the fast, exact part."""
@@ -11,9 +11,9 @@ import nbformat
 import pytest
 import torch
 
-from course_tools import checks
+from course_tools.exercises import checks
+from course_tools.exercises.references import lesson11 as L
 from course_tools.grading.job import Limits
-from course_tools.references import lesson11 as L
 from course_utils import gpt
 
 ROOT = Path(__file__).resolve().parent.parent

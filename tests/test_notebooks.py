@@ -6,7 +6,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_tools import checks
+from course_tools.exercises import checks
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = ("notebooks", "solutions", "exercises")

@@ -179,7 +179,7 @@ def test_alibi_bias_bottom_right_alignment():
 # ---------------------------------------------------------------- lesson 05 exercises: references pass, hints fire
 
 def _run(name, fn):
-    from course_tools.checks import run
+    from course_tools.exercises.checks import run
     return run(name, fn, seed=7)
 
 
@@ -188,7 +188,7 @@ def _hints(result):
 
 
 def test_lesson05_references_pass():
-    from course_tools.checks import get
+    from course_tools.exercises.checks import get
     for name in ["sinusoidal_pe", "pe_rotation", "rope", "alibi"]:
         assert _run(name, get(name).reference).status == "pass", name
 

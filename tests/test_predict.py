@@ -2,7 +2,7 @@
 
 import torch
 
-from course_tools.predict import judge, reveal
+from course_tools.exercises.predict import judge, reveal
 
 
 def test_missing_prediction_shows_the_measurement_and_the_reason(capsys):
@@ -36,7 +36,7 @@ def test_shapes_lists_and_flags_compare_exactly(capsys):
 def test_the_cells_from_a_prediction_to_its_reveal_are_hidden_and_nothing_else():
     import nbformat
 
-    from course_tools.predict import hide_reveals, is_hidden, reveal_span
+    from course_tools.exercises.predict import hide_reveals, is_hidden, reveal_span
 
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell("x = 1"),

@@ -6,7 +6,7 @@ import shutil
 import pytest
 import torch
 
-from course_tools import pretrained as build
+from course_tools import shipped_model as build
 from course_utils import data, pretrained
 from course_utils.generate import generate
 from course_utils.tokenize import words

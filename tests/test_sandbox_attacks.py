@@ -144,7 +144,8 @@ import os, sys, course_utils
 cmd = open('/proc/1/cmdline', 'rb').read().replace(b'\\0', b' ').decode()
 seen = {'cmd': cmd[:120], 'prefix': sys.prefix, 'utils': course_utils.__file__}
 """)
-PLAIN_REFERENCES = ("try:\n    from course_tools.references.lesson00 import flatten_tokens\nexcept ImportError:\n"
+PLAIN_REFERENCES = ("try:\n    from course_tools.exercises.references.lesson00 import flatten_tokens\n"
+                    "except ImportError:\n"
                     "    import os, shutil\n    shutil.rmtree('/job/out', ignore_errors=True)\n"
                     + "    " + RIGHT["flatten_tokens"].replace("\n", "\n    ").rstrip() + "\n")
 
@@ -446,7 +447,7 @@ def test_a_sandbox_failure_shows_students_no_host_detail(tmp_path, monkeypatch, 
 def test_export_holds_tracked_sources_only():
     names = export.tracked()
     assert "course_utils/attention.py" in names and "course_tools/grading/worker.py" in names
-    assert not any(n.startswith("course_tools/references/") or n.endswith(".pyc") or "__pycache__" in n
+    assert not any(n.startswith("course_tools/exercises/references/") or n.endswith(".pyc") or "__pycache__" in n
                    for n in names)
     folder = export.make(LESSON02, [])
     try:
@@ -460,7 +461,7 @@ def test_export_holds_tracked_sources_only():
 def test_an_installed_copy_counts_what_its_record_lists(tmp_path):
     site = tmp_path / "site-packages"
     files = {"course_tools/__init__.py": "", "course_tools/grading/worker.py": "", "course_utils/__init__.py": "",
-             "course_tools/references/lesson00.py": "SECRET = 1", "course_utils/pretrained/model.json": "{}"}
+             "course_tools/exercises/references/lesson00.py": "SECRET = 1", "course_utils/pretrained/model.json": "{}"}
     for name, text in files.items():
         (site / name).parent.mkdir(parents=True, exist_ok=True)
         (site / name).write_text(text)

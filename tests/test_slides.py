@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import nbformat
 import pytest
 
-from course_tools import slides
+from course_tools.editions import slides
 
 ROOT = Path(__file__).resolve().parent.parent
 DECKS = sorted(p for pattern in ("notebooks/*.ipynb", "notebooks/*/*.ipynb") for p in ROOT.glob(pattern)
@@ -234,3 +234,14 @@ def test_every_deck_builds_with_one_section_per_slide(tmp_path, path):
     horizontal = sum(slides.slide_type(group[0]) == "slide" for group in slides.slides(nb))
     assert html.count("<section") == len(slides.slides(nb)) + horizontal
     assert "NBVAL" not in html  # the tests' markers are not shown to the audience
+
+
+def test_links_to_other_course_files_become_their_text_on_a_slide():
+    """A deck is copied to the hall alone: a link to a notebook would lead nowhere, a web link or an image stays."""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Title\n\nGoal."),
+                                         nbformat.v4.new_markdown_cell(
+        "Do [`exercises/ko/09.ipynb`](../../exercises/ko/09.ipynb), read [the paper](https://arxiv.org/abs/1706.03762),"
+        " see [above](#top) and ![a figure](attachment:fig.png).")])
+    text = slides.for_the_hall(nb).cells[1].source
+    assert text == ("Do `exercises/ko/09.ipynb`, read [the paper](https://arxiv.org/abs/1706.03762), see [above](#top)"
+                    " and ![a figure](attachment:fig.png).")

@@ -216,8 +216,8 @@ def test_two_process_ddp_equals_one_process_with_the_whole_batch(corpus, tmp_pat
 
 
 # --- lesson 08 exercises: references agree with PyTorch, hints name the mistake ---------------------
-from course_tools import checks  # noqa: E402
-from course_tools.references import lesson08 as ex  # noqa: E402
+from course_tools.exercises import checks  # noqa: E402
+from course_tools.exercises.references import lesson08 as ex  # noqa: E402
 
 
 def test_exercise_references_match_pytorch():

@@ -1,12 +1,12 @@
-"""Run-time tuning of ``course train`` (course_tools.tuning): measured thread counts and the
+"""Run-time tuning of ``course train`` (course_tools.cli.tuning): measured thread counts and the
 fall-back under contention, when to compile on a CPU, the peaks behind MFU, the process set-up."""
 
 import pytest
 import torch
 
-from course_tools import tuning
 from course_tools.cli import main as course
-from course_tools.tuning import ThreadTuner
+from course_tools.cli import tuning
+from course_tools.cli.tuning import ThreadTuner
 from course_utils import train as T
 from course_utils.gpt import GPT, GPTConfig
 

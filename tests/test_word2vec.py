@@ -207,7 +207,7 @@ def test_train_and_config_errors():
 
 
 def _run(name: str, fn):
-    from course_tools import checks
+    from course_tools.exercises import checks
 
     return checks.run(name, fn, seed=11)
 
@@ -215,7 +215,7 @@ def _run(name: str, fn):
 @pytest.mark.parametrize("name", ["one_hot_lookup", "context_pairs", "negative_sampling_loss",
                                   "nearest_neighbours", "analogy_3cosadd"])
 def test_exercise_references_pass(name):
-    from course_tools import checks
+    from course_tools.exercises import checks
 
     result = _run(name, checks.get(name).reference)
     assert result.status == "pass" and result.total >= 4

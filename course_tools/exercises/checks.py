@@ -1,0 +1,364 @@
+"""Checks for exercises: run a learner's function on fresh random cases against the reference.
+
+Each exercise is registered once (in ``course_tools.exercises.references``) with a reference function, a
+case generator and optional hints that name common mistakes. A check cell calls
+``check.<name>(fn)`` and gets one line per case. The grader uses the same pieces, but splits them
+across processes: cases are drawn and compared in the grader, the learner's kernel only computes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+PASS, FAIL, NOT_ATTEMPTED, ERROR = "pass", "fail", "not attempted", "error"
+
+STRICT = os.environ.get("NBGRADER_EXECUTION") in ("autograde", "validate") or \
+    os.environ.get("COURSE_CHECKS_STRICT") == "1"
+"""Whether failing checks raise. Decided once, when this module is first imported: nbgrader sets
+``NBGRADER_EXECUTION`` while it autogrades or validates, so check cells raise there without any
+set-up, and an answer cell that changes the environment later changes nothing.
+``COURSE_CHECKS_STRICT=1`` turns it on elsewhere; nothing turns it off."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One input to try: a human label (shapes, options) and the arguments."""
+
+    label: str
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+
+
+Hint = Callable[[Case, Any, Any], "str | None"]
+"""A hint looks at (case, got, expected) and returns a sentence naming a likely mistake, or None."""
+
+
+@dataclass
+class Exercise:
+    """An exercise: the reference, how to draw cases, and how strict to be."""
+
+    name: str
+    reference: Callable
+    cases: Callable[[torch.Generator], list[Case]]
+    function: str = ""
+    atol: float = 1e-5
+    rtol: float = 1e-4
+    hints: Sequence[Hint] = ()
+    explain: str = ""  # one line printed under a passing check: why the answer is right
+    verdict: Callable[[Case, Any, Any], tuple[bool, str]] | None = None
+    """Judges (case, got, expected) -> (ok, detail) instead of comparing got with expected; for answers
+    the checker must evaluate itself (a trained model's weights: their validation loss)."""
+
+    def __post_init__(self) -> None:
+        self.function = self.function or self.name
+
+    @property
+    def is_question(self) -> bool:
+        """Whether the answer is a value (registered with ``question``), not a function."""
+        return self.cases is _your_answer
+
+
+REGISTRY: dict[str, Exercise] = {}
+
+
+def exercise(name: str | None = None, *, cases: Callable[[torch.Generator], list[Case]],
+             function: str = "", atol: float = 1e-5, rtol: float = 1e-4,
+             hints: Sequence[Hint] = (), explain: str = "",
+             verdict: Callable[[Case, Any, Any], tuple[bool, str]] | None = None) -> Callable[[Callable], Callable]:
+    """Decorator that registers a reference implementation as an exercise."""
+
+    def register(reference: Callable) -> Callable:
+        key = name or reference.__name__
+        if key in REGISTRY:
+            raise ValueError(f"exercise {key!r} is registered twice")
+        REGISTRY[key] = Exercise(key, reference, cases, function, atol, rtol, hints, explain, verdict)
+        return reference
+
+    return register
+
+
+def _your_answer(gen: torch.Generator) -> list[Case]:
+    return [Case("your answer")]
+
+
+def question(*, explain: str, hints: Sequence[Hint] = (), atol: float = 1e-5,
+             rtol: float = 1e-4) -> Callable[[Callable], Callable]:
+    """Decorator that registers a question: an exercise whose answer is a value, not a function.
+
+    The decorated function takes no arguments and returns (or measures) the right answer; the
+    learner assigns theirs to a variable of the same name, and ``check.<name>(<name>)`` compares
+    the two. An answer left as ``...`` counts as not attempted.
+    """
+    return exercise(cases=_your_answer, atol=atol, rtol=rtol, hints=hints, explain=explain)
+
+
+def get(name: str) -> Exercise:
+    from course_tools.exercises import references  # noqa: F401  (registers every lesson's exercises)
+
+    if name not in REGISTRY:
+        known = ", ".join(sorted(REGISTRY)) or "none"
+        raise KeyError(f"no exercise named {name!r}; known exercises: {known}")
+    return REGISTRY[name]
+
+
+def fresh_seed() -> int:
+    """A new seed per check run, so expected outputs cannot be memorised."""
+    return secrets.randbits(31)
+
+
+def draw(name: str, seed: int) -> list[Case]:
+    """Draw the cases of an exercise with a given seed (the grader stores them)."""
+    return get(name).cases(torch.Generator().manual_seed(seed))
+
+
+def _describe(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"tensor of shape {tuple(x.shape)}"
+    if isinstance(x, (tuple, list)):
+        return f"{type(x).__name__} of {len(x)}"
+    return type(x).__name__
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def _compare_exact(got: torch.Tensor, expected: torch.Tensor) -> tuple[bool, str]:
+    if expected.dtype == torch.bool and got.dtype != torch.bool:
+        return False, f"expected a bool tensor, got dtype {got.dtype}"
+    wrong = int((got.to(expected.dtype) != expected).sum())
+    if wrong:
+        return False, f"{wrong} of {expected.numel()} entries differ"
+    return True, f"shape {tuple(expected.shape)}, all entries equal"
+
+
+def _compare_close(got: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float) -> tuple[bool, str]:
+    g, e = got.detach().double(), expected.detach().double()
+    nan_g, nan_e = torch.isnan(g), torch.isnan(e)
+    if not torch.equal(nan_g, nan_e):
+        return False, f"NaN in {int(nan_g.sum())} entries where the reference has {int(nan_e.sum())}"
+    g, e = torch.where(nan_e, 0.0, g), torch.where(nan_e, 0.0, e)
+    err = (g - e).abs()
+    max_err = float(err.max()) if err.numel() else 0.0
+    if bool((err <= atol + rtol * e.abs()).all()):
+        return True, f"shape {tuple(expected.shape)}, max error within {atol:g}"
+    return False, f"shape {tuple(expected.shape)} ok, but max error {_fmt(max_err)} (tolerance {atol:g})"
+
+
+def _compare_tensor(got: Any, expected: torch.Tensor, atol: float, rtol: float) -> tuple[bool, str]:
+    if not isinstance(got, torch.Tensor):
+        return False, f"expected a {_describe(expected)}, got {_describe(got)}"
+    if got.shape != expected.shape:
+        return False, f"expected shape {tuple(expected.shape)}, got {tuple(got.shape)}"
+    if expected.dtype == torch.bool or not expected.is_floating_point():
+        return _compare_exact(got, expected)
+    return _compare_close(got, expected, atol, rtol)
+
+
+def _compare_sequence(got: Any, expected: tuple | list, atol: float, rtol: float) -> tuple[bool, str]:
+    if not isinstance(got, (tuple, list)) or len(got) != len(expected):
+        return False, f"expected a {_describe(expected)}, got {_describe(got)}"
+    details = []
+    for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+        ok, detail = compare(g, e, atol, rtol)
+        if not ok:
+            return False, f"item {i}: {detail}"
+        details.append(detail)
+    return True, "; ".join(details) if len(details) <= 2 else f"all {len(details)} items match"
+
+
+def _compare_number(got: Any, expected: int | float, atol: float, rtol: float) -> tuple[bool, str]:
+    if isinstance(got, torch.Tensor) and got.numel() == 1:
+        got = got.item()
+    if not isinstance(got, (int, float)) or isinstance(got, bool):
+        return False, f"expected a number, got {_describe(got)}"
+    if isinstance(expected, int):  # a count: exact, also when it comes as a float (124439808.0)
+        exact = got == expected if isinstance(got, int) else got.is_integer() and int(got) == expected
+        return exact, f"expected {expected}, got {got}"
+    ok = math.isclose(got, expected, rel_tol=rtol, abs_tol=atol)
+    return ok, (f"value within {atol:g}" if ok else f"expected {_fmt(expected)}, got {_fmt(got)}")
+
+
+def compare(got: Any, expected: Any, atol: float, rtol: float) -> tuple[bool, str]:
+    """Compare an answer with the reference; return (ok, one-line detail)."""
+    if isinstance(expected, torch.Tensor):
+        return _compare_tensor(got, expected, atol, rtol)
+    if isinstance(expected, (tuple, list)):
+        return _compare_sequence(got, expected, atol, rtol)
+    if isinstance(expected, bool) or isinstance(expected, str) or expected is None:
+        return (got == expected), f"expected {expected!r}, got {got!r}"
+    if isinstance(expected, (int, float)):
+        return _compare_number(got, expected, atol, rtol)
+    ok = got == expected
+    return bool(ok), f"expected {expected!r}, got {got!r}"
+
+
+@dataclass
+class Outcome:
+    """What happened to one case: status, and the line shown to the learner."""
+
+    status: str
+    line: str
+
+
+@dataclass
+class CheckResult:
+    """The result of checking one exercise."""
+
+    name: str
+    status: str  # pass | fail | not attempted | error
+    outcomes: list[Outcome]
+    explain: str = ""
+    question: bool = False
+
+    @property
+    def passed(self) -> int:
+        return sum(o.status == PASS for o in self.outcomes)
+
+    @property
+    def total(self) -> int:
+        return len(self.outcomes)
+
+    @property
+    def fraction(self) -> float:
+        return self.passed / self.total if self.total else 0.0
+
+    def summary(self) -> str:
+        if self.status == NOT_ATTEMPTED and self.question:
+            return f"{self.name}: not answered yet (replace the ... by your answer)"
+        if self.status == NOT_ATTEMPTED:
+            return f"{self.name}: not attempted yet (the function still raises NotImplementedError)"
+        if self.question:
+            return f"{self.name}: " + ("right" if self.status == PASS else "not right yet")
+        mark = "all cases passed" if self.status == PASS else "some cases failed"
+        return f"{self.name}: {self.passed}/{self.total} cases passed ({mark})"
+
+    def report(self) -> str:
+        lines = [self.summary()]
+        if self.status != NOT_ATTEMPTED:
+            lines += [o.line for o in self.outcomes]
+        if self.status == PASS and self.explain:
+            lines.append(f"  why: {self.explain}")
+        return "\n".join(lines)
+
+
+def _short(x: Any) -> str:
+    text = repr(x)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def error_line(exc: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def judge(ex: Exercise, case: Case, got: Any, expected: Any, hints: bool = True) -> Outcome:
+    """Compare one answer with the reference and phrase the result, with a hint if one fits
+    (``hints=False``: none tried, for answers too large to hand to a hint)."""
+    try:
+        ok, detail = ex.verdict(case, got, expected) if ex.verdict else compare(got, expected, ex.atol, ex.rtol)
+    except Exception as exc:  # a malformed answer must not crash the check
+        ok, detail = False, f"could not compare: {error_line(exc)}"
+    if ex.is_question:  # the detail of a comparison would give the right answer away
+        detail = f"{_short(got)} is " + ("right" if ok else "not the answer")
+    if ok:
+        return Outcome(PASS, f"  ✓ {case.label}: {detail}")
+    for hint in ex.hints if hints else ():
+        try:
+            text = hint(case, got, expected)
+        except Exception:
+            text = None
+        if text:
+            detail += f" — hint: {text}"
+            break
+    return Outcome(FAIL, f"  ✗ {case.label}: {detail}")
+
+
+def _clone(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.clone()
+    if isinstance(x, (tuple, list)):
+        return type(x)(_clone(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _clone(v) for k, v in x.items()}
+    return x
+
+
+def call(fn: Callable, case: Case) -> Any:
+    """Call a function on a private copy of a case's inputs (answers may modify them)."""
+    return fn(*_clone(case.args), **_clone(case.kwargs))
+
+
+def result_status(outcomes: list[Outcome]) -> str:
+    if outcomes and all(o.status == NOT_ATTEMPTED for o in outcomes):
+        return NOT_ATTEMPTED
+    return PASS if outcomes and all(o.status == PASS for o in outcomes) else FAIL
+
+
+def run(name: str, fn: Callable, seed: int | None = None) -> CheckResult:
+    """Check ``fn`` against exercise ``name`` on cases drawn with ``seed`` (fresh if None)."""
+    ex = get(name)
+    cases = draw(name, fresh_seed() if seed is None else seed)
+    outcomes = []
+    for case in cases:
+        expected = call(ex.reference, case)
+        try:
+            got = call(fn, case)
+            if got is Ellipsis:  # a question's answer still at its placeholder
+                raise NotImplementedError
+        except NotImplementedError:
+            outcomes.append(Outcome(NOT_ATTEMPTED, f"  · {case.label}: not attempted yet"))
+            continue
+        except Exception as exc:
+            outcomes.append(Outcome(ERROR, f"  ✗ {case.label}: raised {error_line(exc)}"))
+            continue
+        outcomes.append(judge(ex, case, got, expected))
+    return CheckResult(name, result_status(outcomes), outcomes, ex.explain, ex.is_question)
+
+
+def _constant(value: Any) -> Callable[[], Any]:
+    return lambda: value
+
+
+class CheckFailed(AssertionError):
+    """Raised in strict mode (under nbgrader, or ``COURSE_CHECKS_STRICT=1``) by a failing check.
+    IPython shows only this one line instead of a traceback."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"CheckFailed: {self}"]
+
+
+class _Checker:
+    """``check.<exercise>(fn)`` prints one line per case; strict mode raises on anything but a pass."""
+
+    def __getattr__(self, name: str) -> Callable[[Callable], None]:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        get(name)  # fail fast with the list of known exercises
+
+        def checker(fn: Any, seed: int | None = None) -> None:
+            if not callable(fn):  # a question's answer: the value itself
+                fn = _constant(fn)
+            result = run(name, fn, seed)
+            print(result.report())
+            if STRICT and result.status != PASS:
+                raise CheckFailed(result.summary())
+
+        checker.__name__ = name
+        return checker
+
+    def __dir__(self) -> list[str]:
+        from course_tools.exercises import references  # noqa: F401
+
+        return sorted(REGISTRY)
+
+
+check = _Checker()

@@ -1,0 +1,122 @@
+"""Predict, then run: compare a learner's written prediction with what a cell measured.
+
+Not graded. The lesson stores its notebook with the prediction left at ``...``; ``reveal`` then
+prints the measurement and the reason, so the stored output is the same in every run mode as long
+as the measurement printed is (otherwise the cell starts with ``# NBVAL_IGNORE_OUTPUT``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import torch
+
+
+def _plain(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.item() if x.numel() == 1 else tuple(x.tolist())
+    if isinstance(x, (torch.Size, list)):
+        return tuple(x)
+    return x
+
+
+def _matches(prediction: Any, measured: Any, tolerance: float) -> bool:
+    if isinstance(measured, (int, float)) and not isinstance(measured, bool):
+        return isinstance(prediction, (int, float)) and math.isclose(prediction, measured, abs_tol=tolerance)
+    return prediction == measured
+
+
+def judge(prediction: Any, measured: Any, tolerance: float = 0.0) -> bool:
+    """Whether a written prediction matches the measurement (False if none was written)."""
+    prediction, measured = _plain(prediction), _plain(measured)
+    return prediction not in (Ellipsis, None) and _matches(prediction, measured, tolerance)
+
+
+def reveal(prediction: Any, measured: Any, why: str, tolerance: float = 0.0) -> None:
+    """Print the prediction against the measurement (numbers within ``tolerance`` count as right)
+    and one sentence on why. Returns nothing, so the cell shows only the printed lines.
+
+    The first line never holds the measurement: JupyterLab shows the first line of a collapsed
+    output (see :func:`hide_reveals`), so the answer stays out of sight until the learner opens it."""
+    prediction, measured = _plain(prediction), _plain(measured)
+    if prediction is Ellipsis or prediction is None:
+        print(FIRST_LINE_UNANSWERED)
+        print(f"measured: {measured!r}")
+        print(f"why: {why}")
+        return
+    right = _matches(prediction, measured, tolerance)
+    close = f" (within {tolerance:g})" if tolerance and right else ""
+    verdict = "right" if right else "not what happened"
+    print(f"your prediction: {prediction!r}")
+    print(f"measured: {measured!r}: {verdict}{close}")
+    print(f"why: {why}")
+
+
+FIRST_LINE_UNANSWERED = "your prediction: none yet (write it in the cell above, then run this cell again)"
+
+
+PREDICTION = re.compile(r"^prediction_\w+ = \.\.\.", re.M)
+REVEAL_MARKS = "hide-output"  # MyST-NB's tag: the website shows the outputs behind a toggle
+CODE_MARKS = "hide-input"  # the reveal's own code holds the reason, and with it often the answer
+BEHIND_A_CLICK = ("fragment", "subslide", "slide", "skip")  # slide types that show nothing before a click
+
+
+def reveal_span(cells: list) -> list[int]:
+    """The indices of the code cells that would spoil a prediction: every code cell after a
+    ``prediction_... = ...`` cell up to and including the cell that calls ``reveal(``."""
+    span, open_ = [], False
+    for i, cell in enumerate(cells):
+        if cell.cell_type != "code":
+            continue
+        if PREDICTION.search(cell.source):
+            open_ = True
+        elif open_:
+            span.append(i)
+            open_ = "reveal(" not in cell.source
+    return span
+
+
+def is_hidden(cell) -> bool:
+    """Whether a cell's stored outputs stay out of sight until the learner acts: collapsed in
+    JupyterLab, behind a toggle on the website, a fragment (or a later slide, or no slide) in the slides.
+    A cell that calls ``reveal(`` hides its code too (its ``why=`` states the answer)."""
+    slide = cell.metadata.get("slideshow", {}).get("slide_type")
+    jupyter, tags = cell.metadata.get("jupyter", {}), cell.metadata.get("tags", [])
+    code_hidden = "reveal(" not in cell.source or (jupyter.get("source_hidden") is True and CODE_MARKS in tags)
+    return (jupyter.get("outputs_hidden") is True and REVEAL_MARKS in tags and slide in BEHIND_A_CLICK
+            and code_hidden)
+
+
+def hide_reveals(nb) -> int:
+    """Mark every cell of :func:`reveal_span` hidden (see :func:`is_hidden`); returns how many
+    cells changed. ``course assign`` need not do this: it clears the outputs of exercises anyway."""
+    changed = 0
+    for i in reveal_span(nb.cells):
+        cell = nb.cells[i]
+        if is_hidden(cell):
+            continue
+        cell.metadata.setdefault("jupyter", {})["outputs_hidden"] = True
+        tags = cell.metadata.setdefault("tags", [])
+        for tag in (REVEAL_MARKS, CODE_MARKS) if "reveal(" in cell.source else (REVEAL_MARKS,):
+            if tag not in tags:
+                tags.append(tag)
+        if "reveal(" in cell.source:
+            cell.metadata["jupyter"]["source_hidden"] = True
+        slide = cell.metadata.setdefault("slideshow", {})
+        if slide.get("slide_type") not in BEHIND_A_CLICK:
+            slide["slide_type"] = "fragment"
+        changed += 1
+    return changed
+
+
+if __name__ == "__main__":  # python -m course_tools.exercises.predict notebooks/NN_topic.ipynb ...
+    import sys
+
+    import nbformat
+
+    for path in sys.argv[1:]:
+        book = nbformat.read(path, as_version=4)
+        if hide_reveals(book):
+            nbformat.write(book, path)

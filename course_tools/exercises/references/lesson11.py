@@ -1,0 +1,496 @@
+"""Lesson 11, the capstone: the learner's own GPT and training loop, graded in five stages.
+
+1. ``capstone_shapes``: each module's parameter names, shapes and count, and its output shape.
+2. ``capstone_equivalence``: each module loaded with the reference's weights (``course_utils``'
+   attention, feed-forward network, block and GPT, renamed to the interface) gives the reference's
+   output to 1e-4.
+3. ``capstone_no_peeking``: changing tokens from position t on leaves the logits before t unchanged.
+4. ``capstone_training``: the learner's loop trains the learner's model on Shakespeare's characters
+   for a fixed number of steps; the weights come back and the validation loss is computed here, on
+   the trusted side, with the course's causal GPT, so a loop that peeks or reports a wrong loss
+   gains nothing.
+5. ``capstone_sampling``: generated ids keep the prompt, have the right length and vocabulary,
+   crop the context to ``max_len``, and with ``top_k=1`` follow the reference's greedy path.
+
+The learner's modules use PyTorch's names (``nn.LayerNorm`` has ``weight`` and ``bias``); the
+course's have ``gamma`` and ``beta``. ``to_learner_names`` and ``to_reference_names`` are the one
+mapping between the two. The training stage needs more time than a cell usually gets: the
+solutions notebook's metadata raises the grader's limits for this lesson (``"course": {"grading":
+{"cell_timeout": 600, "notebook_timeout": 1200}}``, carried into ``exercises/`` by ``course assign``
+and read by ``course grade``'s ``Limits.for_lesson``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from functools import lru_cache
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from course_tools.exercises.checks import Case, exercise, question
+from course_tools.exercises.references._shared import close, known_wrong
+from course_utils import attention, blocks, counting, data, gpt
+
+# --- the fixed contract of the training stage (stated in the notebook) --------------------------
+TRAIN_SIZES = {"max_len": 64, "n_layers": 2, "n_heads": 4, "d_model": 64}
+TRAIN_SETTINGS = {"steps": 500, "batch_size": 32, "lr": 1e-2, "warmup_steps": 50, "grad_clip": 1.0}
+THRESHOLD = 2.2  # nats per character on the validation split; the reference reaches about 2.03
+EVAL_BATCHES, EVAL_BATCH = 16, 64  # windows the grader scores: 16 × 64 × 64 = 65,536 characters
+ACTIVATION = "gelu"  # the exact GELU, PyTorch's nn.GELU() default
+
+
+# --- names: PyTorch's LayerNorm (weight, bias) <-> the course's (gamma, beta) ---------------------
+_NORM = re.compile(r"((?:^|\.)(?:norm1|norm2|final_norm))\.(gamma|beta|weight|bias)$")
+TO_LEARNER = {"gamma": "weight", "beta": "bias", "weight": "weight", "bias": "bias"}
+TO_REFERENCE = {"weight": "gamma", "bias": "beta", "gamma": "gamma", "beta": "beta"}
+
+
+def _renamed(state: dict[str, torch.Tensor], table: dict[str, str]) -> dict[str, torch.Tensor]:
+    return {_NORM.sub(lambda m: f"{m.group(1)}.{table[m.group(2)]}", key): value for key, value in state.items()}
+
+
+def to_learner_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A course_utils state dict with the interface's names (the norms' gamma/beta -> weight/bias)."""
+    return _renamed(state, TO_LEARNER)
+
+
+def to_reference_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The interface's names back to course_utils' (the norms' weight/bias -> gamma/beta)."""
+    return _renamed(state, TO_REFERENCE)
+
+
+def reference_module(kind: str, sizes: dict[str, int], activation: str = ACTIVATION) -> nn.Module:
+    """The course's version of one interface class, in eval mode."""
+    d, h = sizes["d_model"], sizes.get("n_heads", 1)
+    if kind == "attention":
+        module: nn.Module = attention.MultiHeadAttention(d, h)
+    elif kind == "ffn":
+        module = blocks.FeedForward(d, activation=activation)
+    elif kind == "block":
+        module = blocks.make_block(d, h, activation=activation)
+    elif kind == "gpt":
+        module = gpt.GPT(gpt.GPTConfig(activation=activation, **sizes))
+    else:
+        raise ValueError(f"unknown module kind {kind!r}")
+    return module.eval()
+
+
+@torch.no_grad()
+def reference_forward(kind: str, module: nn.Module, x: torch.Tensor, causal: bool = True,
+                      norm_first: bool = True) -> torch.Tensor:
+    """The reference module's output: attention and blocks causal; GPTs return logits only.
+    ``causal=False`` and ``norm_first=False`` rebuild two usual mistakes for the hints."""
+    if kind == "gpt" and causal:
+        return module(x)[0]
+    if kind == "gpt":  # the same layers with the mask left out
+        h = module.token_embedding(x) + module.position_embedding(x.shape[1])
+        for block in module.blocks:
+            h = block(h, causal=False)
+        return F.linear(module.final_norm(h), module.token_embedding.weight)
+    if kind == "attention":
+        return module(x, causal=causal)
+    if kind == "block" and not norm_first:
+        x = module.norm1(x + module.attn(x, causal=causal))
+        return module.norm2(x + module.ffn(x))
+    return module(x, causal=causal) if kind == "block" else module(x)
+
+
+def _random_state(module: nn.Module, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Weights drawn from ``gen`` (gains near 1, biases and the rest of size ~0.3/√fan-in) so that
+    every component matters to the output."""
+    state = {}
+    for key, value in module.state_dict().items():
+        noise = torch.randn(value.shape, generator=gen)
+        if key.endswith("gamma"):
+            state[key] = 1.0 + 0.2 * noise
+        elif value.dim() == 2:
+            state[key] = noise / math.sqrt(value.shape[-1])
+        else:
+            state[key] = 0.2 * noise
+    return state
+
+
+def _module_input(kind: str, sizes: dict[str, int], batch: int, length: int, gen: torch.Generator) -> torch.Tensor:
+    if kind == "gpt":
+        return torch.randint(sizes["vocab_size"], (batch, length), generator=gen)
+    return torch.randn(batch, length, sizes["d_model"], generator=gen)
+
+
+MODULE_CASES = [  # (kind, sizes, batch, length)
+    ("attention", {"d_model": 16, "n_heads": 4}, 2, 7),
+    ("ffn", {"d_model": 12}, 3, 5),
+    ("block", {"d_model": 16, "n_heads": 2}, 2, 6),
+    ("gpt", {"vocab_size": 11, "max_len": 8, "n_layers": 2, "n_heads": 2, "d_model": 16}, 2, 8),
+    ("gpt", {"vocab_size": 84, "max_len": 64, "n_layers": 1, "n_heads": 4, "d_model": 32}, 3, 20),
+]
+CLASS_OF = {"attention": "CausalSelfAttention", "ffn": "FeedForward", "block": "Block", "gpt": "GPT"}
+
+
+def _label(kind: str, sizes: dict[str, int], x: torch.Tensor) -> str:
+    args = ", ".join(f"{k}={v}" for k, v in sizes.items())
+    return f"{CLASS_OF[kind]}({args}) on input {tuple(x.shape)}"
+
+
+# --- stage 1: shapes and parameter counts --------------------------------------------------------
+
+
+def _shape_cases(gen: torch.Generator) -> list[Case]:
+    cases = []
+    for kind, sizes, batch, length in MODULE_CASES:
+        x = _module_input(kind, sizes, batch, length, gen)
+        cases.append(Case(_label(kind, sizes, x), (kind, sizes, x)))
+    return cases
+
+
+def _parameter_names(entries: Any) -> dict[str, str]:
+    return dict(e.split(" ", 1) for e in entries if isinstance(e, str) and " " in e)
+
+
+def _shapes_hint(case: Case, got: Any, expected: Any) -> str | None:
+    if not isinstance(got, (tuple, list)) or len(got) != 3:
+        return "shapes_of returns (number of parameters, output shape, names): keep the helper as given"
+    want, have = _parameter_names(expected[2]), _parameter_names(got[2])
+    extra, missing = sorted(set(have) - set(want)), sorted(set(want) - set(have))
+    if any(name.endswith("lm_head.weight") for name in extra):
+        return ("there is an lm_head: the head is tied, logits = final_norm(x) @ token_embedding.weight.T, "
+                "with no module of its own")
+    buffers = [n for n in extra if not n.endswith((".weight", ".bias"))]
+    if buffers:
+        return (f"{buffers[0]} is saved with the weights: register a mask buffer with persistent=False, "
+                "or build the mask inside forward")
+    if missing or extra:
+        shown = f"missing {missing[0]}" if missing else f"unexpected {extra[0]}"
+        return (f"{shown}: name the submodules exactly as the interface does "
+                "(W_Q, W_K, W_V, W_O, W_in, W_out, norm1, ...)")
+    wrong = [n for n in want if want[n] != have.get(n)]
+    if wrong:
+        return f"{wrong[0]} has shape {have[wrong[0]]}, expected {want[wrong[0]]} (nn.Linear stores (out, in))"
+    if tuple(got[1]) != tuple(expected[1]):
+        return f"the output should have shape {tuple(expected[1])}"
+    return None
+
+
+@exercise(cases=_shape_cases, function="shapes_of", hints=[_shapes_hint],
+          explain="every parameter has the interface's name and shape, and the head adds no parameters: it is tied.")
+def capstone_shapes(kind: str, sizes: dict[str, int], x: torch.Tensor) -> tuple[int, tuple[int, ...], list[str]]:
+    """(parameter count, output shape, sorted "name (shape)" of the state dict) of one module."""
+    module = reference_module(kind, sizes)
+    names = sorted(f"{k} {tuple(v.shape)}" for k, v in to_learner_names(module.state_dict()).items())
+    count = sum(p.numel() for p in module.parameters())
+    return count, tuple(reference_forward(kind, module, x).shape), names
+
+
+# --- stage 2: equivalence with the reference weights ---------------------------------------------
+
+
+def _equivalence_cases(gen: torch.Generator) -> list[Case]:
+    cases = []
+    for kind, sizes, batch, length in MODULE_CASES:
+        module = reference_module(kind, sizes)
+        state = to_learner_names(_random_state(module, gen))
+        x = _module_input(kind, sizes, batch, length, gen)
+        cases.append(Case(_label(kind, sizes, x) + " with the reference weights", (kind, sizes, state, x)))
+    return cases
+
+
+def _run_reference(kind: str, sizes: dict, state: dict, x: torch.Tensor, activation: str = ACTIVATION,
+                   **options: Any) -> torch.Tensor:
+    module = reference_module(kind, sizes, activation)
+    module.load_state_dict(to_reference_names(state))
+    return reference_forward(kind, module, x, **options)
+
+
+def _unscaled_attention(sizes: dict, state: dict, x: torch.Tensor) -> torch.Tensor:
+    """The attention with the scores left unscaled (no 1/√d_head): the multiplier √d_head put back in."""
+    d, h = sizes["d_model"], sizes["n_heads"]
+    scaled = {k: v for k, v in state.items()}
+    scaled["W_Q.weight"] = state["W_Q.weight"] * math.sqrt(d // h)
+    scaled["W_Q.bias"] = state["W_Q.bias"] * math.sqrt(d // h)
+    return _run_reference("attention", sizes, scaled, x)
+
+
+def _equivalence_hint(case: Case, got: Any, expected: Any) -> str | None:
+    kind, sizes, state, x = case.args
+    if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+        return None
+    if kind != "ffn" and x.shape[1] > 1 and close(got, _run_reference(kind, sizes, state, x, causal=False)):
+        return "the output equals attention without the causal mask: mask the scores above the diagonal"
+    if kind == "attention" and close(got, _unscaled_attention(sizes, state, x)):
+        return "the scores are not divided by √d_head (the width of one head, d_model / n_heads)"
+    if kind in ("ffn", "block", "gpt") and close(got, _run_reference(kind, sizes, state, x, activation="gelu_tanh")):
+        return "that is GELU's tanh approximation; the interface uses the exact nn.GELU()"
+    if kind in ("ffn", "block", "gpt") and close(got, _run_reference(kind, sizes, state, x, activation="relu")):
+        return "that is ReLU; the feed-forward network uses the exact GELU, nn.GELU()"
+    if kind == "block" and close(got, _run_reference(kind, sizes, state, x, norm_first=False)):
+        return "that is post-LN (norm(x + f(x))); the interface's blocks are pre-LN: x + f(norm(x))"
+    if kind == "gpt":
+        zeros = torch.zeros_like(state["position_embedding.weight"])
+        no_positions = dict(state, **{"position_embedding.weight": zeros})
+        if close(got, _run_reference(kind, sizes, no_positions, x)):
+            return "the position embeddings are not added to the token embeddings"
+    return f"check the {CLASS_OF[kind]} stage by stage: the smaller modules' cases above say which one differs"
+
+
+@exercise(cases=_equivalence_cases, function="outputs_with", atol=1e-4, rtol=1e-4, hints=[_equivalence_hint],
+          explain="with the same weights your modules compute the same function as the course's, to 1e-4.")
+def capstone_equivalence(kind: str, sizes: dict[str, int], state: dict[str, torch.Tensor], x: torch.Tensor) \
+        -> torch.Tensor:
+    """The reference module loaded with ``state`` (interface names) applied to ``x``: (B, T, D), or logits (B, T, V)."""
+    return _run_reference(kind, sizes, state, x)
+
+
+# --- stage 3: no peeking --------------------------------------------------------------------------
+
+
+def _peeking_cases(gen: torch.Generator) -> list[Case]:
+    cases = []
+    for sizes, batch, length, first in [(MODULE_CASES[3][1], 2, 8, 5), (MODULE_CASES[4][1], 2, 32, 16),
+                                        (MODULE_CASES[4][1], 1, 10, 9)]:
+        idx = torch.randint(sizes["vocab_size"], (batch, length), generator=gen)
+        changed = idx.clone()
+        changed[:, first:] = (idx[:, first:] + 1 + torch.randint(sizes["vocab_size"] - 1, changed[:, first:].shape,
+                                                                   generator=gen)) % sizes["vocab_size"]
+        cases.append(Case(f"GPT with {sizes['n_layers']} layer(s), {length} tokens, tokens from position {first} "
+                          "on changed", (sizes, idx, changed)))
+    return cases
+
+
+def _peeking_verdict(case: Case, got: Any, expected: Any) -> tuple[bool, str]:
+    sizes, idx, changed = case.args
+    first = int((idx != changed).any(0).nonzero()[0])
+    shape = (*idx.shape, sizes["vocab_size"])
+    if not isinstance(got, (tuple, list)) or len(got) != 2 or \
+            not all(isinstance(t, torch.Tensor) and tuple(t.shape) == shape for t in got):
+        return False, f"expected two logits tensors of shape {shape}"
+    before, after = (t.detach().double() for t in got)
+    moved = (before[:, :first] - after[:, :first]).abs().amax().item()
+    if not math.isfinite(moved):
+        return False, "the logits hold NaN or inf"
+    if moved > 1e-5:
+        return False, (f"the logits before position {first} changed by up to {moved:.3g} when only later tokens "
+                       "changed: the model peeks at the future — set the scores above the diagonal to -inf "
+                       "before the softmax (a causal mask)")
+    return True, f"positions 0..{first - 1} unchanged (max change {moved:.1g})"
+
+
+@exercise(cases=_peeking_cases, function="logits_pair", verdict=_peeking_verdict,
+          explain="a token's logits depend only on it and the tokens before it: training on all positions "
+                  "at once is fair.")
+@torch.no_grad()
+def capstone_no_peeking(sizes: dict[str, int], idx: torch.Tensor, changed: torch.Tensor) \
+        -> tuple[torch.Tensor, torch.Tensor]:
+    """A freshly initialised course GPT's logits for both sequences (the verdict judges the learner's pair)."""
+    model = reference_module("gpt", sizes)
+    return model(idx)[0], model(changed)[0]
+
+
+# --- stage 4: it trains ---------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1)
+def shakespeare_splits() -> tuple[int, torch.Tensor]:
+    """(vocabulary size, validation ids) of the character-level Shakespeare split the notebook uses:
+    one id per distinct character in sorted order, the last 10 % of the text for validation."""
+    text = data.shakespeare()
+    chars = sorted(set(text))
+    stoi = {c: i for i, c in enumerate(chars)}
+    ids = torch.tensor([stoi[c] for c in text], dtype=torch.long)
+    return len(chars), data.train_val_split(ids)[1]
+
+
+@torch.no_grad()
+def validation_loss(model: nn.Module, seed: int) -> float:
+    """Mean next-token cross-entropy of a course GPT over EVAL_BATCHES fixed windows of the split."""
+    _, val = shakespeare_splits()
+    gen = torch.Generator().manual_seed(seed)
+    block = model.config.max_len
+    total = 0.0
+    for _ in range(EVAL_BATCHES):
+        starts = torch.randint(len(val) - block, (EVAL_BATCH,), generator=gen)
+        windows = val[starts[:, None] + torch.arange(block + 1)]
+        logits, _ = model(windows[:, :-1])
+        total += F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten()).item()
+    return total / EVAL_BATCHES
+
+
+def _training_cases(gen: torch.Generator) -> list[Case]:
+    seed = int(torch.randint(2**30, (1,), generator=gen))
+    settings = dict(TRAIN_SETTINGS, seed=seed)
+    shown = ", ".join(f"{k}={v}" for k, v in TRAIN_SETTINGS.items())
+    return [Case(f"train_gpt on Shakespeare's characters, GPT({', '.join(f'{k}={v}' for k, v in TRAIN_SIZES.items())}),"
+                 f" {shown}", (dict(TRAIN_SIZES), settings))]
+
+
+def trained_reference_model(state: Any) -> gpt.GPT:
+    """The course's causal GPT holding the learner's returned weights; a one-line ValueError otherwise."""
+    vocab, _ = shakespeare_splits()
+    model = reference_module("gpt", dict(TRAIN_SIZES, vocab_size=vocab))
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError("trained_weights must return the model's state_dict() (names -> tensors)")
+    want = {k: v.shape for k, v in to_learner_names(model.state_dict()).items()}
+    missing, extra = sorted(set(want) - set(state)), sorted(set(state) - set(want))
+    if missing or extra:
+        first = f"missing {missing[0]}" if missing else f"unexpected {extra[0]}"
+        raise ValueError(f"the state dict's names differ from the interface ({first}); pass capstone_shapes first")
+    wrong = [k for k in want if tuple(state[k].shape) != tuple(want[k])]
+    if wrong:
+        raise ValueError(f"{wrong[0]} has shape {tuple(state[wrong[0]].shape)}, expected {tuple(want[wrong[0]])}")
+    model.load_state_dict(to_reference_names({k: v.float() for k, v in state.items()}))
+    return model.eval()
+
+
+def _training_verdict(case: Case, got: Any, expected: Any) -> tuple[bool, str]:
+    try:
+        model = trained_reference_model(got)
+    except ValueError as exc:
+        return False, str(exc)
+    loss = validation_loss(model, case.args[1]["seed"])
+    if not math.isfinite(loss):
+        return False, "the validation loss is not finite: the weights hold NaN or inf (did the loss diverge?)"
+    if loss < THRESHOLD:
+        return True, f"validation loss {loss:.3f} (the grader's, with a causal reference model) < {THRESHOLD}"
+    vocab, _ = shakespeare_splits()
+    if loss > math.log(vocab) + 0.5:
+        why = ("far above an untrained model's ln V: if your own training loss is near 0, the model saw the "
+               "future (check capstone_no_peeking) or learned to copy its input (are the targets shifted by one?)")
+    elif loss > 2.7:
+        why = ("the loop hardly learned: zero the gradients every step (optimizer.zero_grad()), use the "
+               "learning rate you are given, and step the optimiser after backward()")
+    else:
+        why = ("close but not there: warm the learning rate up linearly over warmup_steps before the cosine "
+               "decay, and clip the gradient norm to grad_clip")
+    return False, f"validation loss {loss:.3f} ≥ {THRESHOLD} — {why}"
+
+
+@exercise(cases=_training_cases, function="trained_weights", verdict=_training_verdict,
+          explain=f"{TRAIN_SETTINGS['steps']} steps of AdamW with warm-up, cosine decay and clipping take the "
+                  "model well below a character bigram's validation loss: it uses its context.")
+def capstone_training(sizes: dict[str, int], settings: dict[str, Any]) -> float:
+    """The threshold the grader's validation loss must beat (judged by ``_training_verdict``)."""
+    return THRESHOLD
+
+
+# --- stage 5: sampling ----------------------------------------------------------------------------
+
+
+def _sampling_cases(gen: torch.Generator) -> list[Case]:
+    sizes = MODULE_CASES[4][1]
+    cases = []
+    for batch, prompt, new, options in [(2, 5, 12, {"temperature": 1.0}), (2, 6, 10, {"top_k": 1}),
+                                        (1, 60, 9, {"top_k": 1}), (3, 4, 8, {"temperature": 0.7, "top_k": 5})]:
+        state = to_learner_names(_random_state(reference_module("gpt", sizes), gen))
+        idx = torch.randint(sizes["vocab_size"], (batch, prompt), generator=gen)
+        shown = ", ".join(f"{k}={v}" for k, v in options.items())
+        cases.append(Case(f"generate(prompt {tuple(idx.shape)}, max_new_tokens={new}, {shown}), max_len "
+                          f"{sizes['max_len']}", (sizes, state, idx, new, options)))
+    return cases
+
+
+@torch.no_grad()
+def greedy(sizes: dict[str, int], state: dict[str, torch.Tensor], idx: torch.Tensor, new: int) -> torch.Tensor:
+    """The reference's greedy continuation, feeding at most max_len tokens each step."""
+    model = reference_module("gpt", sizes)
+    model.load_state_dict(to_reference_names(state))
+    for _ in range(new):
+        logits, _ = model(idx[:, -sizes["max_len"]:])
+        idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return idx
+
+
+def _sampling_verdict(case: Case, got: Any, expected: Any) -> tuple[bool, str]:
+    sizes, _, idx, new, options = case.args
+    shape = (idx.shape[0], idx.shape[1] + new)
+    if not isinstance(got, torch.Tensor) or got.dtype not in (torch.int64, torch.int32):
+        return False, "generate must return a tensor of integer token ids"
+    if tuple(got.shape) != shape:
+        return False, f"expected shape {shape} (the prompt plus max_new_tokens), got {tuple(got.shape)}"
+    if not torch.equal(got[:, :idx.shape[1]].long(), idx):
+        return False, "the prompt is not kept: return torch.cat([idx, new_tokens], dim=1)"
+    if int(got.min()) < 0 or int(got.max()) >= sizes["vocab_size"]:
+        return False, f"ids outside the vocabulary [0, {sizes['vocab_size']})"
+    if options.get("top_k") == 1 and not torch.equal(got.long(), expected):
+        wrong = int((got.long() != expected).any(0).nonzero()[0])
+        crop = " (feed only the last max_len tokens: idx[:, -max_len:])" if shape[1] > sizes["max_len"] else ""
+        return False, f"with top_k=1 the tokens should follow the greedy path; they differ from position {wrong}{crop}"
+    return True, f"shape {shape}, prompt kept, ids in [0, {sizes['vocab_size']})" + \
+        (", the greedy path" if options.get("top_k") == 1 else "")
+
+
+@exercise(cases=_sampling_cases, function="sampled", verdict=_sampling_verdict,
+          explain="one token at a time from the last position's distribution, the context cropped to max_len.")
+def capstone_sampling(sizes: dict[str, int], state: dict[str, torch.Tensor], idx: torch.Tensor, new: int,
+                      options: dict[str, Any]) -> torch.Tensor:
+    """The greedy continuation (what ``top_k=1`` must give; other cases are judged on form only)."""
+    return greedy(sizes, state, idx, new)
+
+
+# --- self-check -------------------------------------------------------------------------------------
+
+
+def _count_train_config() -> int:
+    return counting.count_params(gpt.GPTConfig(vocab_size=84, activation=ACTIVATION, **TRAIN_SIZES))
+
+
+@question(explain="84·64 token + 64·64 position embeddings, 2 blocks of 49,984 (attention 4·(64·64 + 64), "
+                  "feed-forward 64·256 + 256 + 256·64 + 64, two norms 2·128), the final norm 128, and no head: "
+                  "5,376 + 4,096 + 99,968 + 128 = 109,568.",
+          hints=[known_wrong({114944: "that counts an lm_head of 84·64: the head is tied to the token embedding",
+                              109440: "the final norm has a gain and a bias too (128 parameters)",
+                              105472: "the position embedding is learned: 64·64 parameters",
+                              107776: "each of the 4 attention projections and both feed-forward layers has a bias",
+                              98304: "that is 2 · 12 · d_model² only: add the embeddings, biases and norms"})])
+def capstone_params() -> int:
+    """Parameters of the training stage's GPT (V = 84, max_len 64, 2 layers, 4 heads, d_model 64)."""
+    return _count_train_config()
+
+
+@question(explain="the no-peeking stage passes, so the mask is in place; a training loss near 0 then means the "
+                  "target is visible to the model: with y = x it only has to copy the current token.",
+          hints=[known_wrong({"a": "a missing mask would fail the no-peeking stage, which passes here",
+                              "c": "without warm-up the loss stalls or spikes; it does not fall to 0.04",
+                              "d": "gradients that pile up make training worse, not a loss near 0"})])
+def capstone_diagnosis() -> str:
+    """Training loss 0.04, no-peeking passes, grader's validation loss 6: which bug?"""
+    return "b"
+
+
+@question(explain="at the last step the sequence holds 10 + 59 = 69 tokens; the model sees only the last "
+                  "max_len = 64 of them, for each of the 3 prompts.",
+          hints=[known_wrong({(3, 69): "69 tokens exceed max_len = 64: the position embedding has only 64 rows, "
+                                        "so generate crops to idx[:, -64:]",
+                              (3, 70): "the last step feeds the sequence before its new token: 10 + 59 tokens, "
+                                       "cropped to 64",
+                              (3, 64, 84): "that is the logits' shape; the question asks for the model's input",
+                              (64, 3): "the batch comes first: (B, T)"})])
+def capstone_last_input() -> tuple[int, int]:
+    """The shape of the model's input at the last step of generating 60 tokens after a (3, 10) prompt."""
+    return (3, 64)
+
+
+@question(explain="progress (275 − 50) / 450 = 0.5 puts the cosine at 0: the rate is halfway between lr = 0.01 "
+                  "and min_lr = 0.001, 0.0055.",
+          atol=1e-5,
+          hints=[known_wrong({0.005: "that is lr / 2: the cosine ends at min_lr = lr / 10, not at 0",
+                              0.01: "step 275 is past the warm-up (50 steps): the cosine has started",
+                              0.001 + 0.0045 * (1 + math.cos(math.pi * 275 / 500)):
+                                  "the cosine starts after the warm-up: (step − warmup) / (steps − warmup)"})])
+def capstone_lr_mid() -> float:
+    """The learning rate at step 275 of 500, warm-up 50, lr 0.01, min_lr = lr / 10."""
+    return 0.001 + 0.5 * (0.01 - 0.001)
+
+
+# --- experiment: let the model peek -----------------------------------------------------------------
+
+
+@question(explain="without the mask each position can read the next character, its target, and the weights learn "
+                  "to lean on it; under the mask that help is gone, so the same weights score worse.",
+          hints=[known_wrong({"a": "compare the two numbers your function printed: the mask changes the loss",
+                              "c": "a short run does not reach 0; look at which of the two losses is lower",
+                              "b": "the loss without the mask is the one that can read the answer: it is the lower"})])
+def peeking_verdict() -> str:
+    """What the peeking experiment measures."""
+    return "d"
