@@ -277,7 +277,10 @@ def attacked(tmp_path_factory):
     (folder / "link.ipynb").symlink_to("/etc/passwd")
     out = tmp_path_factory.mktemp("attacks-out")
     before = {p: p.read_bytes() for p in (ROOT / "course_utils" / "__init__.py", ROOT / "exercises" / "00_setup.ipynb")}
-    rows, printed = _grade(folder, out, "--jobs", "4", "--cell-timeout", "10", "--memory-mb", "2048",
+    # 60 s a cell: the heaviest reporter (a walk of the mounted folders, a socket, a /tmp fill) needs about a
+    # second of CPU, and four jobs on two cores at load 20 give each about a tenth of a core; the looping
+    # answers (deaf, freezer) still end at the notebook limit, which is what their test measures.
+    rows, printed = _grade(folder, out, "--jobs", "4", "--cell-timeout", "60", "--memory-mb", "2048",
                            "--notebook-timeout", str(NOTEBOOK_LIMIT), "--max-processes", "64", "--seed", "3")
     return {"rows": rows, "out": out, "before": before, "printed": printed}
 
