@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from course_tools.messages import fill, say
+from course_tools.messages import fill, marked, say
 
 PASS, FAIL, NOT_ATTEMPTED, ERROR = "pass", "fail", "not attempted", "error"
 
@@ -87,7 +87,7 @@ def exercise(name: str | None = None, *, cases: Callable[[torch.Generator], list
 
 
 def _your_answer(gen: torch.Generator) -> list[Case]:
-    return [Case("your answer")]
+    return [Case(marked("your answer"))]
 
 
 def question(*, explain: str, hints: Sequence[Hint] = (), atol: float = 1e-5,

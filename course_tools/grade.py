@@ -110,10 +110,10 @@ def _timed_out(name: str, max_points: float) -> ExerciseScore:
                          ["  ✗ " + messages.fill("timed out: the function did not return in time")])
 
 
-def _failed(name: str, max_points: float, reason: str, template: str = "{reason}", **values: str) -> ExerciseScore:
+def _failed(name: str, max_points: float, reason: str, line: str | None = None) -> ExerciseScore:
     """An exercise that scored nothing because of ``reason`` (the status stays English, for the
-    instructor); the learner's line is ``template`` in the learner's language."""
-    return ExerciseScore(name, 0, max_points, f"error: {reason}", ["  ✗ " + messages.fill(template, **values)])
+    instructor); the learner's ``line`` says it in the learner's language (default: ``reason`` translated)."""
+    return ExerciseScore(name, 0, max_points, f"error: {reason}", ["  ✗ " + (line or messages.say(reason))])
 
 
 def _first_error(result: Any) -> str:
@@ -130,12 +130,12 @@ def score(name: str, max_points: float, cases: list[checks.Case], loaded: dict, 
         return _timed_out(name, max_points)
     if loaded["kind"] == "missing":
         if answer_error:
-            return _failed(name, max_points, answer_error, reason=answer_error)
+            return _failed(name, max_points, answer_error, answer_error)
         function = clean(loaded["function"], 80)
         return _failed(name, max_points, f"NameError: the answer cell does not define {function}()",
-                       "NameError: the answer cell does not define {function}()", function=function)
+                       messages.fill("NameError: the answer cell does not define {function}()", function=function))
     if len(loaded["results"]) != len(cases):
-        return _failed(name, max_points, "malformed results", "malformed results")
+        return _failed(name, max_points, "malformed results", messages.fill("malformed results"))
     ex = checks.get(name)
     outcomes = [judge_case(ex, case, result) for case, result in zip(cases, loaded["results"], strict=True)]
     verdict = checks.result_status(outcomes)
@@ -160,10 +160,10 @@ def score_exercise(name: str, job: Job, files: dict[str, bytes], run: dict, kill
             return _timed_out(name, max_points)
         stopped = messages.marked("the notebook stopped before this exercise")
         reason = clean(answer_error or collect_error or stopped, 300)
-        return _failed(name, max_points, reason, reason=messages.say(reason))
+        return _failed(name, max_points, reason)
     loaded = checked[f"{name}.pt"]
     if isinstance(loaded, results.ContractError):
-        return _failed(name, max_points, str(loaded), reason=messages.say(str(loaded)))
+        return _failed(name, max_points, str(loaded))
     return score(name, max_points, job.cases[name], loaded, answer_error)
 
 

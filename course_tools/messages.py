@@ -85,6 +85,11 @@ def placeholders(template: str) -> list[str]:
     return [text for is_placeholder, text in parts(template) if is_placeholder]
 
 
+def literal(template: str) -> str:
+    """The text of a template outside its placeholders."""
+    return "".join(text for is_placeholder, text in parts(template) if not is_placeholder)
+
+
 def plain(template: str) -> str:
     """The text of a template without placeholders (its literal braces undoubled)."""
     return "".join(text for _, text in parts(template))
@@ -113,12 +118,13 @@ class Catalogue:
                     else:
                         seen[text] = f"p{len(seen)}"
                         regex.append(f"(?P<{seen[text]}>.+?)")
-                self.patterns.append((re.compile("".join(regex), re.S), seen, tr))
+                self.patterns.append((re.compile("".join(regex), re.S), seen, tr, len(literal(en))))
+        self.patterns.sort(key=lambda p: -p[3])  # most specific first: "measured: {m}: right", then "measured: {m}"
 
     def say(self, text: str, depth: int = 0) -> str:
         if text in self.exact:
             return self.exact[text]
-        for regex, names, translated in self.patterns if depth < _DEPTH else ():
+        for regex, names, translated, _ in self.patterns if depth < _DEPTH else ():
             m = regex.fullmatch(text)
             if m:
                 values = {name: self.say(m.group(group), depth + 1) for name, group in names.items()}
