@@ -19,7 +19,8 @@ import torch
 
 from course_tools.messages import fill, marked, say
 
-PASS, FAIL, NOT_ATTEMPTED, ERROR = "pass", "fail", "not attempted", "error"
+# marked: the feedback shows them translated (course_tools.messages); the values stay English
+PASS, FAIL, NOT_ATTEMPTED, ERROR = marked("pass"), marked("fail"), marked("not attempted"), marked("error")
 
 STRICT = os.environ.get("NBGRADER_EXECUTION") in ("autograde", "validate") or \
     os.environ.get("COURSE_CHECKS_STRICT") == "1"

@@ -44,7 +44,7 @@ from course_tools.grading.text import clean
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_EXERCISES = ROOT / "exercises"
 WALL_GRACE = 15  # seconds past the notebook limit before the sandbox is ended from outside
-REFERENCE_FLAG = "tried to use the exercise references"
+REFERENCE_FLAG = messages.marked("tried to use the exercise references")
 SETUP = """import course_tools.grading.kernel_side as _course_grading
 _course_answer = _course_grading.Answerer({jobdir!r}, globals())
 """
@@ -106,7 +106,7 @@ def judge_case(ex: checks.Exercise, case: checks.Case, result: Any) -> checks.Ou
 
 
 def _timed_out(name: str, max_points: float) -> ExerciseScore:
-    return ExerciseScore(name, 0, max_points, "timeout",
+    return ExerciseScore(name, 0, max_points, messages.marked("timeout"),
                          ["  ✗ " + messages.fill("timed out: the function did not return in time")])
 
 

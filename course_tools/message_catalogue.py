@@ -35,7 +35,8 @@ from course_tools import messages
 FOLDER = "messages"  # translations/<lang>/messages/
 CODE = {"checks": "course_tools/checks.py", "shared": "course_tools/references/_shared.py",
         "predict": "course_tools/predict.py", "grade": "course_tools/grade.py",
-        "submission": "course_tools/grading/submission.py", "report": "course_tools/grading/report.py"}
+        "submission": "course_tools/grading/submission.py", "report": "course_tools/grading/report.py",
+        "shortcuts": "course_tools/grading/shortcuts.py"}
 MARKERS = ("say", "fill", "marked")
 REGISTERS = ("exercise", "question")
 WORDS = re.compile(r"[A-Za-z]{2}")

@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from course_tools.grading.text import clean, code_block, csv_cell, file_name, markdown_text, redact
-from course_tools.messages import SOURCE, fill, say
+from course_tools.messages import SOURCE, fill, marked, say
 
-PENDING = "pending: graded by hand"  # the status of a manually graded answer (nbgrader's written answers)
+PENDING = marked("pending: graded by hand")  # the status of a manually graded answer (nbgrader's written answers)
 FILE_MODE = 0o640  # the gradebook and feedback: the instructor writes, the instructor's group reads
 DIR_MODE = 0o750
 
@@ -97,26 +97,23 @@ def feedback_markdown(sub: Submission) -> str:
     def text(value: object, limit: int = 500) -> str:
         return markdown_text(redact(clean(value, 4 * limit)), limit)
 
-    def say_in(template: str, **values: object) -> str:
-        return fill(template, sub.lang, **values)
-
     def status(value: str) -> str:  # the status stays English in the gradebook; here it is translated
         return text(say(value, sub.lang))
 
-    lesson = text(sub.lesson, 40) or say_in("unknown")
-    points = dict(total=f"{sub.total:g}", max=f"{sub.max_points:g}", status=status(sub.status))
-    lines = [say_in("# Feedback: {student}", student=text(sub.student, 80)), "",
-             say_in("Lesson {lesson}: {total} of {max} points, {pending} more to be graded by hand ({status}).",
-                    lesson=lesson, pending=f"{sub.pending:g}", **points) if sub.pending else
-             say_in("Lesson {lesson}: {total} of {max} points ({status}).", lesson=lesson, **points), ""]
-    lines += [say_in("Flagged: {flag}", flag=status(flag)) for flag in sub.flags] + ([""] if sub.flags else [])
+    lang, lesson = sub.lang, text(sub.lesson, 40) or fill("unknown", sub.lang)
+    points = dict(lesson=lesson, total=f"{sub.total:g}", max=f"{sub.max_points:g}", status=status(sub.status))
+    lines = [fill("# Feedback: {student}", lang, student=text(sub.student, 80)), "",
+             fill("Lesson {lesson}: {total} of {max} points, {pending} more to be graded by hand ({status}).", lang,
+                  pending=f"{sub.pending:g}", **points) if sub.pending else
+             fill("Lesson {lesson}: {total} of {max} points ({status}).", lang, **points), ""]
+    lines += [fill("Flagged: {flag}", lang, flag=status(flag)) for flag in sub.flags] + ([""] if sub.flags else [])
     for e in sub.exercises:
-        got = say_in("pending") if e.pending else f"{e.points:g}"
+        got = fill("pending", lang) if e.pending else f"{e.points:g}"
         lines += [f"## {text(e.name, 80)}: {got} / {e.max_points:g} ({status(e.status)})", ""]
         body = e.answer.splitlines() if e.pending else e.lines
         lines += code_block([redact(line.strip() if not e.pending else line) for line in body]) + [""]
     if sub.seed is not None:
-        lines += [say_in("Cases drawn with seed {seed}.", seed=sub.seed), ""]
+        lines += [fill("Cases drawn with seed {seed}.", lang, seed=sub.seed), ""]
     return "\n".join(lines)
 
 
