@@ -93,15 +93,18 @@ class _Finder(ast.NodeVisitor):
 
     def __init__(self, constants: dict[str, str]) -> None:
         self.constants, self.found, self.scope, self.counts = constants, {}, [], {}
+        self.filled: set[str] = set()  # the templates of fill(), which the code fills itself
 
     def add(self, key: str, found: list[str] | None) -> None:
         for template in found or []:
             if is_message(template):
                 self.found[key] = template
 
-    def add_numbered(self, found: list[str] | None) -> None:
+    def add_numbered(self, found: list[str] | None, filled: bool = False) -> None:
         for template in found or []:
             if is_message(template):
+                if filled:
+                    self.filled.add(template)
                 scope = ".".join(self.scope) or "module"
                 self.counts[scope] = self.counts.get(scope, 0) + 1
                 self.found.setdefault(f"{scope}.{self.counts[scope]}", template)
@@ -145,18 +148,20 @@ class _Finder(ast.NodeVisitor):
     def visit_Call(self, node: ast.Call) -> None:
         name = _name(node)
         if name in MARKERS and node.args:
-            self.add_numbered(templates(node.args[0], self.constants, raw=name == "fill"))
+            self.add_numbered(templates(node.args[0], self.constants, raw=name == "fill"), filled=name == "fill")
         self.generic_visit(node)
 
 
-def python_messages(path: Path) -> dict[str, str]:
-    """id -> English template of every message in a Python module."""
+def python_messages(path: Path, filled: set[str] | None = None) -> dict[str, str]:
+    """id -> English template of every message in a Python module (``filled`` collects those of ``fill``)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     constants = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
                  and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
                  for t in n.targets if isinstance(t, ast.Name)}
     finder = _Finder(constants)
     finder.visit(tree)
+    if filled is not None:
+        filled |= finder.filled
     return finder.found
 
 
@@ -178,10 +183,11 @@ def reveal_messages(path: Path) -> dict[str, str]:
     return found
 
 
-def sources(root: Path) -> dict[str, dict[str, tuple[str, dict[str, str]]]]:
-    """Translation file stem -> section -> (English source path, its messages)."""
+def sources(root: Path, filled: set[str] | None = None) -> dict[str, dict[str, tuple[str, dict[str, str]]]]:
+    """Translation file stem -> section -> (English source path, its messages); ``filled`` collects
+    the templates the code fills itself."""
     out: dict[str, dict[str, tuple[str, dict[str, str]]]] = {
-        "course": {section: (path, python_messages(root / path)) for section, path in CODE.items()}}
+        "course": {section: (path, python_messages(root / path, filled)) for section, path in CODE.items()}}
     for module in sorted((root / "course_tools" / "references").glob("lesson*.py")):
         number = module.stem[len("lesson"):]
         sections = {"references": (module.relative_to(root).as_posix(), python_messages(module))}
@@ -197,12 +203,13 @@ def _load(path: Path) -> dict:
     return load_translation(path, ("references", "reveals", *CODE)) if path.exists() else {}
 
 
-def compile_catalogue(root: Path, lang: str) -> tuple[dict[str, str], list[str], int]:
-    """English template -> translation from every message file of ``lang``; the problems found
-    (missing, stale, untranslated, orphaned, placeholders changed); how many messages there are."""
+def compile_catalogue(root: Path, lang: str) -> tuple[dict[str, str], set[str], list[str], int]:
+    """English template -> translation from every message file of ``lang``; the templates the code
+    fills itself; the problems found (missing, stale, untranslated, orphaned, placeholders changed);
+    how many messages there are."""
     folder = root / "translations" / lang / FOLDER
-    table, problems, count = {}, [], 0
-    for stem, sections in sources(root).items():
+    table, filled, problems, count = {}, set(), [], 0
+    for stem, sections in sources(root, filled).items():
         path = folder / f"{stem}.yaml"
         data = _load(path)
         for section in sorted(set(data) - set(sections)):
@@ -229,15 +236,16 @@ def compile_catalogue(root: Path, lang: str) -> tuple[dict[str, str], list[str],
                     table.setdefault(english, text)
             for orphan in sorted(set(entries) - set(found)):
                 problems.append(f"{where}: entry {orphan} matches no message of the English; remove it")
-    return table, problems, count
+    return table, filled, problems, count
 
 
-def catalogue_text(table: dict[str, str], lang: str) -> str:
+def catalogue_text(table: dict[str, str], filled: set[str], lang: str) -> str:
     from course_tools import banner
 
     note = banner.comment(f"`translations/{lang}/{FOLDER}/*.yaml` and the English messages in the code",
                           f"course translate {lang}")
-    return json.dumps({"generated": note, "lang": lang, "messages": dict(sorted(table.items()))},
+    return json.dumps({"generated": note, "lang": lang, "messages": dict(sorted(table.items())),
+                       "filled": sorted(filled & set(table))},
                       ensure_ascii=False, indent=0) + "\n"
 
 

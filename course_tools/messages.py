@@ -99,16 +99,38 @@ def _substitute(template: str, values: dict[str, str]) -> str:
     return "".join(values.get(text, text) if is_placeholder else text for is_placeholder, text in parts(template))
 
 
-class Catalogue:
-    """One language's messages: English template -> translated template."""
+NUMBER = r"[-+]?(?:\d[\d,._]*(?:[eE][-+]?\d+)?|inf|nan)"
+TUPLE = r"\([^()]*\)"
 
-    def __init__(self, templates: dict[str, str]) -> None:
+
+def _value_pattern(placeholder: str) -> str:
+    """What a placeholder's value can look like, from its expression: a number where it is formatted
+    as one or counted, a tuple where it is a shape, a name where it is a type's name, else any text."""
+    body = placeholder[1:-1]
+    expression, _, spec = body.partition(":")
+    if spec.rstrip("0123456789.,").endswith(("g", "f", "d", "e")) or \
+            expression.startswith(("len(", "int(", "float(", "round(")):
+        return NUMBER
+    if expression.startswith("tuple(") or expression.endswith(".shape"):
+        return TUPLE
+    if expression.endswith("__name__"):
+        return r"[A-Za-z_]\w*"
+    return ".+?"
+
+
+class Catalogue:
+    """One language's messages: English template -> translated template.
+
+    ``filled`` names the templates that the code fills itself (``fill``): they are looked up by their
+    template; the others (plain messages and f-strings) are found by their text. ``lines=True``
+    (for stored outputs, which hold filled templates) matches the former by their text too."""
+
+    def __init__(self, templates: dict[str, str], filled: frozenset[str] = frozenset(), lines: bool = False) -> None:
         self.templates = templates
         self.exact = {plain(en): plain(tr) for en, tr in templates.items() if not placeholders(en)}
         self.patterns = []
         for en, tr in templates.items():
-            names = placeholders(en)
-            if names:
+            if placeholders(en) and (lines or en not in filled):
                 regex, seen = [], {}
                 for is_placeholder, text in parts(en):
                     if not is_placeholder:
@@ -117,7 +139,7 @@ class Catalogue:
                         regex.append(f"(?:(?P={seen[text]}))")
                     else:
                         seen[text] = f"p{len(seen)}"
-                        regex.append(f"(?P<{seen[text]}>.+?)")
+                        regex.append(f"(?P<{seen[text]}>{_value_pattern(text)})")
                 self.patterns.append((re.compile("".join(regex), re.S), seen, tr, len(literal(en))))
         self.patterns.sort(key=lambda p: -p[3])  # most specific first: "measured: {m}: right", then "measured: {m}"
 
@@ -132,13 +154,19 @@ class Catalogue:
         return text
 
 
-@cache
-def catalogue(lang: str) -> Catalogue:
+def load(lang: str, lines: bool = False) -> Catalogue:
     """The compiled messages of ``lang`` (empty for English, or when none were built)."""
     path = catalogue_path(lang)
     if lang == SOURCE or not path.exists():
         return Catalogue({})
-    return Catalogue(json.loads(path.read_text(encoding="utf-8"))["messages"])
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return Catalogue(data["messages"], frozenset(data.get("filled", ())), lines)
+
+
+@cache
+def catalogue(lang: str) -> Catalogue:
+    """The compiled messages of ``lang``, read once."""
+    return load(lang)
 
 
 def say(text: str, lang: str | None = None) -> str:

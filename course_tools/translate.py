@@ -160,16 +160,19 @@ def build_messages(root: Path, lang: str) -> Edition:
     edition = Edition(lang=lang)
     if not (root / TRANSLATIONS / lang / message_catalogue.FOLDER).is_dir():
         return edition
-    table, edition.problems, _ = message_catalogue.compile_catalogue(root, lang)
+    table, filled, edition.problems, _ = message_catalogue.compile_catalogue(root, lang)
     path = root / "course_tools" / messages.catalogue_path(lang).name
-    edition.files[path] = message_catalogue.catalogue_text(table, lang)
+    edition.files[path] = message_catalogue.catalogue_text(table, filled, lang)
     return edition
 
 
 def _catalogue(root: Path, lang: str) -> messages.Catalogue:
-    """The messages of `lang` as built from `root`'s translation files (empty if it has none)."""
-    folder = root / TRANSLATIONS / lang / message_catalogue.FOLDER
-    return messages.Catalogue(message_catalogue.compile_catalogue(root, lang)[0] if folder.is_dir() else {})
+    """The messages of `lang` as built from `root`'s translation files (empty if it has none), for
+    translating stored output lines."""
+    if not (root / TRANSLATIONS / lang / message_catalogue.FOLDER).is_dir():
+        return messages.Catalogue({})
+    table, filled, _, _ = message_catalogue.compile_catalogue(root, lang)
+    return messages.Catalogue(table, frozenset(filled), lines=True)
 
 
 def build_file(root: Path, path: Path, catalogue: messages.Catalogue | None = None) -> Edition:
