@@ -36,7 +36,42 @@ html_theme_options = {
     "logo": {"text": "Transformer course"},
     "navigation_with_keys": True,
     "show_toc_level": 2,
-    "secondary_sidebar_items": ["page-toc", "notebook-download"],
+    "secondary_sidebar_items": ["language-switch", "page-toc", "notebook-download"],
     "footer_start": ["copyright"],
     "footer_end": [],
 }
+
+# Each page says its language (`<html lang="ko">` on the Korean edition) and links to the same page in the
+# other language when there is one: notebooks/ko/X <-> notebooks/X, exercises/ko/X <-> exercises/X, X.ko <-> X.
+KOREAN_FOLDERS = ("notebooks/ko/", "exercises/ko/")
+LANGUAGE_NAMES = {"en": "English", "ko": "한국어"}
+
+
+def page_language(pagename: str) -> str:
+    return "ko" if pagename.startswith(KOREAN_FOLDERS) or pagename.endswith(".ko") else "en"
+
+
+def counterpart(pagename: str) -> str:
+    """The same page in the other language (it may not exist)."""
+    for folder in KOREAN_FOLDERS:
+        english = folder[: -len("ko/")]
+        if pagename.startswith(folder):
+            return english + pagename[len(folder):]
+        if pagename.startswith(english) and "/" not in pagename[len(english):] and not pagename.endswith(".ko"):
+            return folder + pagename[len(english):]
+    if pagename.endswith(".ko"):
+        english = pagename[: -len(".ko")]
+        return "index" if english == "README" else english
+    return "README.ko" if pagename == "index" else pagename + ".ko"
+
+
+def _language_context(app, pagename, templatename, context, doctree) -> None:
+    context["language"] = page_language(pagename)
+    other = counterpart(pagename)
+    if other in app.env.all_docs:
+        lang = page_language(other)
+        context["other_language"] = {"href": context["pathto"](other), "lang": lang, "name": LANGUAGE_NAMES[lang]}
+
+
+def setup(app) -> None:
+    app.connect("html-page-context", _language_context)
