@@ -32,6 +32,7 @@ SOURCE = "en"
 HERE = Path(__file__).resolve().parent
 PLACEHOLDER = re.compile(r"\{\{|\}\}|\{[^{}]+\}")
 _DEPTH = 3  # how deep values inside values are translated ("expected a {tensor of shape (2, 3)}, ...")
+LONGEST = 2000  # characters: a longer text is no message (it holds an answer's repr) and is not matched
 
 _chosen = SOURCE  # the kernel's language, set by use() (a notebook's cells do not share a context)
 _override: ContextVar[str | None] = ContextVar("course_language", default=None)  # speaking(), per thread
@@ -146,7 +147,7 @@ class Catalogue:
     def say(self, text: str, depth: int = 0) -> str:
         if text in self.exact:
             return self.exact[text]
-        for regex, names, translated, _ in self.patterns if depth < _DEPTH else ():
+        for regex, names, translated, _ in self.patterns if depth < _DEPTH and len(text) <= LONGEST else ():
             m = regex.fullmatch(text)
             if m:
                 values = {name: self.say(m.group(group), depth + 1) for name, group in names.items()}

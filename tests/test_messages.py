@@ -120,6 +120,8 @@ def test_unknown_text_stays_english_and_placeholders_match_only_their_kind():
     assert ko.say("x of shape (B=2, T=3, D=4)") == "x of shape (B=2, T=3, D=4)"  # not "{type} of {len}"
     assert ko.say("tuple of 2") == "길이 2의 tuple"
     assert ko.say("a sentence no message has") == "a sentence no message has"
+    huge = "expected 'a', got '" + "x, got " * 100_000 + "'"  # an answer's repr is no message: not matched
+    assert ko.say(huge) == huge and ko.say("expected 'a', got 'b'") == "기대한 값 'a', 받은 값 'b'"
     with pytest.raises(ValueError, match="unknown language 'xx'; use one of en, ko"):
         messages.use("xx")
 
