@@ -51,24 +51,26 @@ def page_language(pagename: str) -> str:
     return "ko" if pagename.startswith(KOREAN_FOLDERS) or pagename.endswith(".ko") else "en"
 
 
-def counterpart(pagename: str) -> str:
-    """The same page in the other language (it may not exist)."""
+def counterparts(pagename: str) -> list[str]:
+    """The pages that may be the same page in the other language (the first that exists is)."""
     for folder in KOREAN_FOLDERS:
-        english = folder[: -len("ko/")]
         if pagename.startswith(folder):
-            return english + pagename[len(folder):]
-        if pagename.startswith(english) and "/" not in pagename[len(english):] and not pagename.endswith(".ko"):
-            return folder + pagename[len(english):]
+            return [folder[: -len("ko/")] + pagename[len(folder):]]
     if pagename.endswith(".ko"):
         english = pagename[: -len(".ko")]
-        return "index" if english == "README" else english
-    return "README.ko" if pagename == "index" else pagename + ".ko"
+        return ["index" if english == "README" else english]
+    found = ["README.ko" if pagename == "index" else pagename + ".ko"]
+    for folder in KOREAN_FOLDERS:
+        english = folder[: -len("ko/")]
+        if pagename.startswith(english) and "/" not in pagename[len(english):]:
+            found.insert(0, folder + pagename[len(english):])
+    return found
 
 
 def _language_context(app, pagename, templatename, context, doctree) -> None:
     context["language"] = page_language(pagename)
-    other = counterpart(pagename)
-    if other in app.env.all_docs:
+    other = next((page for page in counterparts(pagename) if page in app.env.all_docs), None)
+    if other is not None:
         lang = page_language(other)
         context["other_language"] = {"href": context["pathto"](other), "lang": lang, "name": LANGUAGE_NAMES[lang]}
 

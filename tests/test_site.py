@@ -124,10 +124,12 @@ def test_readers_see_math_figures_widgets_and_search(site, tmp_path):
 
 def test_pages_say_their_language_and_link_to_the_other_one(site):
     conf = load("conf")
-    assert conf.counterpart("notebooks/ko/02_self_attention") == "notebooks/02_self_attention"
-    assert conf.counterpart("exercises/02_self_attention") == "exercises/ko/02_self_attention"
-    assert (conf.counterpart("index"), conf.counterpart("README.ko")) == ("README.ko", "index")
-    assert conf.counterpart("notebooks/GLOSSARY") == "notebooks/GLOSSARY.ko"
+    assert conf.counterparts("notebooks/ko/02_self_attention") == ["notebooks/02_self_attention"]
+    assert conf.counterparts("exercises/02_self_attention")[0] == "exercises/ko/02_self_attention"
+    assert (conf.counterparts("index"), conf.counterparts("README.ko")) == (["README.ko"], ["index"])
+    assert conf.counterparts("notebooks/GLOSSARY")[-1] == "notebooks/GLOSSARY.ko"
+    glossary = (site / "notebooks" / "GLOSSARY.html").read_text(encoding="utf-8")
+    assert 'href="GLOSSARY.ko.html" hreflang="ko"' in glossary
     for folder in ("notebooks", "exercises"):
         for nb in (ROOT / folder / "ko").glob("*.ipynb"):
             korean = (site / folder / "ko" / f"{nb.stem}.html").read_text(encoding="utf-8")
