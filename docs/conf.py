@@ -36,7 +36,44 @@ html_theme_options = {
     "logo": {"text": "Transformer course"},
     "navigation_with_keys": True,
     "show_toc_level": 2,
-    "secondary_sidebar_items": ["page-toc", "notebook-download"],
+    "secondary_sidebar_items": ["language-switch", "page-toc", "notebook-download"],
     "footer_start": ["copyright"],
     "footer_end": [],
 }
+
+# Each page says its language (`<html lang="ko">` on the Korean edition) and links to the same page in the
+# other language when there is one: notebooks/ko/X <-> notebooks/X, exercises/ko/X <-> exercises/X, X.ko <-> X.
+KOREAN_FOLDERS = ("notebooks/ko/", "exercises/ko/")
+LANGUAGE_NAMES = {"en": "English", "ko": "한국어"}
+
+
+def page_language(pagename: str) -> str:
+    return "ko" if pagename.startswith(KOREAN_FOLDERS) or pagename.endswith(".ko") else "en"
+
+
+def counterparts(pagename: str) -> list[str]:
+    """The pages that may be the same page in the other language (the first that exists is)."""
+    for folder in KOREAN_FOLDERS:
+        if pagename.startswith(folder):
+            return [folder[: -len("ko/")] + pagename[len(folder):]]
+    if pagename.endswith(".ko"):
+        english = pagename[: -len(".ko")]
+        return ["index" if english == "README" else english]
+    found = ["README.ko" if pagename == "index" else pagename + ".ko"]
+    for folder in KOREAN_FOLDERS:
+        english = folder[: -len("ko/")]
+        if pagename.startswith(english) and "/" not in pagename[len(english):]:
+            found.insert(0, folder + pagename[len(english):])
+    return found
+
+
+def _language_context(app, pagename, templatename, context, doctree) -> None:
+    context["language"] = page_language(pagename)
+    other = next((page for page in counterparts(pagename) if page in app.env.all_docs), None)
+    if other is not None:
+        lang = page_language(other)
+        context["other_language"] = {"href": context["pathto"](other), "lang": lang, "name": LANGUAGE_NAMES[lang]}
+
+
+def setup(app) -> None:
+    app.connect("html-page-context", _language_context)

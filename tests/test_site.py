@@ -120,3 +120,22 @@ def test_page_errors_fail_the_browser_check(tmp_path):
 def test_readers_see_math_figures_widgets_and_search(site, tmp_path):
     assert browser_check.run(site, chromium(), tmp_path / "screenshots") == []
     assert len(list((tmp_path / "screenshots").glob("*.png"))) == 3
+
+
+def test_pages_say_their_language_and_link_to_the_other_one(site):
+    conf = load("conf")
+    assert conf.counterparts("notebooks/ko/02_self_attention") == ["notebooks/02_self_attention"]
+    assert conf.counterparts("exercises/02_self_attention")[0] == "exercises/ko/02_self_attention"
+    assert (conf.counterparts("index"), conf.counterparts("README.ko")) == (["README.ko"], ["index"])
+    assert conf.counterparts("notebooks/GLOSSARY")[-1] == "notebooks/GLOSSARY.ko"
+    glossary = (site / "notebooks" / "GLOSSARY.html").read_text(encoding="utf-8")
+    assert 'href="GLOSSARY.ko.html" hreflang="ko"' in glossary
+    for folder in ("notebooks", "exercises"):
+        for nb in (ROOT / folder / "ko").glob("*.ipynb"):
+            korean = (site / folder / "ko" / f"{nb.stem}.html").read_text(encoding="utf-8")
+            english = (site / folder / f"{nb.stem}.html").read_text(encoding="utf-8")
+            assert '<html lang="ko"' in korean and '<html lang="en"' in english
+            assert f'href="../{nb.stem}.html" hreflang="en"' in korean
+            assert f'href="ko/{nb.stem}.html" hreflang="ko"' in english
+    assert '<html lang="ko"' in (site / "README.ko.html").read_text(encoding="utf-8")
+    assert 'href="README.ko.html" hreflang="ko"' in (site / "index.html").read_text(encoding="utf-8")

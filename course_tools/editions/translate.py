@@ -7,6 +7,9 @@ notebook (code cells and stored outputs unchanged, so nothing is executed again)
 Documents (the README, the glossary) work the same way, per `## ` section: `translations/<lang>/docs/README.yaml`
 builds `README.<lang>.md`; a section a translation leaves in English is listed, with the reason, under `english_only`.
 Every built file opens with a banner naming its two sources and this command (`course_tools.editions.banner`).
+The check messages are translated in `translations/<lang>/messages/*.yaml` and compiled into
+`course_tools/messages_<lang>.json`; a built notebook's setup cell gains the line that makes the checks
+speak its language, and its stored reveal lines are translated (`course_tools.message_catalogue`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 
 import nbformat
 
+from course_tools import message_catalogue, messages
 from course_tools.editions import banner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,7 +155,28 @@ def build_document(root: Path, path: Path) -> Edition:
     return edition
 
 
-def build_file(root: Path, path: Path) -> Edition:
+def build_messages(root: Path, lang: str) -> Edition:
+    """Compile `translations/<lang>/messages/*.yaml` into `course_tools/messages_<lang>.json` (nothing when
+    the folder does not exist)."""
+    edition = Edition(lang=lang)
+    if not (root / TRANSLATIONS / lang / message_catalogue.FOLDER).is_dir():
+        return edition
+    table, filled, edition.problems, _ = message_catalogue.compile_catalogue(root, lang)
+    path = root / "course_tools" / messages.catalogue_path(lang).name
+    edition.files[path] = message_catalogue.catalogue_text(table, filled, lang)
+    return edition
+
+
+def _catalogue(root: Path, lang: str) -> messages.Catalogue:
+    """The messages of `lang` as built from `root`'s translation files (empty if it has none), for
+    translating stored output lines."""
+    if not (root / TRANSLATIONS / lang / message_catalogue.FOLDER).is_dir():
+        return messages.Catalogue({})
+    table, filled, _, _ = message_catalogue.compile_catalogue(root, lang)
+    return messages.Catalogue(table, frozenset(filled), lines=True)
+
+
+def build_file(root: Path, path: Path, catalogue: messages.Catalogue | None = None) -> Edition:
     """Build the notebooks one translation file describes (notebooks/<lang>/NN.ipynb, exercises/<lang>/NN.ipynb)."""
     lang, lesson = path.parent.name, path.stem
     edition = Edition()
@@ -164,6 +189,7 @@ def build_file(root: Path, path: Path) -> Edition:
             continue
         nb = banner.without(nbformat.read(english, as_version=4))  # exercises/ carry course assign's banner
         built, problems = translate_cells(nb, data.get(section), f"{lesson} ({section})")
+        built = message_catalogue.speaking(built, lang, catalogue or _catalogue(root, lang))
         built.metadata["course_edition"] = {"lang": lang, "source": f"{folder}/{lesson}.ipynb"}
         sources = f"`{path.relative_to(root).as_posix()}` and `{folder}/{lesson}.ipynb`"
         banner.with_banner(built, banner.text(sources, f"course translate {lang}"))
@@ -175,8 +201,9 @@ def build_file(root: Path, path: Path) -> Edition:
 def build(root: Path, lang: str) -> Edition:
     """Build every lesson that has a translation file for `lang`."""
     edition = Edition(lang=lang)
-    parts = [build_file(root, p) for p in translation_files(root, lang)] + \
-        [build_document(root, p) for p in document_files(root, lang)]
+    catalogue = _catalogue(root, lang)
+    parts = [build_file(root, p, catalogue) for p in translation_files(root, lang)] + \
+        [build_document(root, p) for p in document_files(root, lang)] + [build_messages(root, lang)]
     if not parts:
         edition.problems.append(f"no translation files in {TRANSLATIONS}/{lang}/; start one with "
                                 f"`course translate {lang} --scaffold NN_topic`")
@@ -232,6 +259,11 @@ def _literal_str(dumper, text: str):
 def main(args: argparse.Namespace) -> int:
     root = Path(args.root)
     try:
+        if args.scaffold == "messages":
+            written = message_catalogue.scaffold(root, args.lang)
+            print(f"wrote {len(written)} files in {TRANSLATIONS}/{args.lang}/{message_catalogue.FOLDER}/: translate "
+                  "each text, keeping its {placeholders} (entries equal to the English are reported as untranslated)")
+            return 0
         if args.scaffold:
             print(f"wrote {scaffold(root, args.lang, args.scaffold).relative_to(root)}: translate each text "
                   "(entries equal to the English are reported as untranslated)")
@@ -259,6 +291,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("lang", help="language code, e.g. ko")
     p.add_argument("--check", action="store_true", help="write nothing; report stale, missing or out-of-date files")
     p.add_argument("--scaffold", metavar="LESSON", help="start or complete translations/<lang>/LESSON.yaml "
-                   f"(or a document's, LESSON one of {', '.join(DOCUMENTS)})")
+                   f"(or a document's, LESSON one of {', '.join(DOCUMENTS)}; or `messages`: every check message "
+                   "still missing in translations/<lang>/messages/)")
     p.add_argument("--root", default=str(ROOT), help=argparse.SUPPRESS)
     p.set_defaults(func=main)

@@ -17,7 +17,10 @@ from typing import Any
 
 import torch
 
-PASS, FAIL, NOT_ATTEMPTED, ERROR = "pass", "fail", "not attempted", "error"
+from course_tools.messages import fill, marked, say
+
+# marked: the feedback shows them translated (course_tools.messages); the values stay English
+PASS, FAIL, NOT_ATTEMPTED, ERROR = marked("pass"), marked("fail"), marked("not attempted"), marked("error")
 
 STRICT = os.environ.get("NBGRADER_EXECUTION") in ("autograde", "validate") or \
     os.environ.get("COURSE_CHECKS_STRICT") == "1"
@@ -85,7 +88,7 @@ def exercise(name: str | None = None, *, cases: Callable[[torch.Generator], list
 
 
 def _your_answer(gen: torch.Generator) -> list[Case]:
-    return [Case("your answer")]
+    return [Case(marked("your answer"))]
 
 
 def question(*, explain: str, hints: Sequence[Hint] = (), atol: float = 1e-5,
@@ -231,21 +234,25 @@ class CheckResult:
         return self.passed / self.total if self.total else 0.0
 
     def summary(self) -> str:
+        """The first line, in the learner's language (``course_tools.messages``)."""
         if self.status == NOT_ATTEMPTED and self.question:
-            return f"{self.name}: not answered yet (replace the ... by your answer)"
+            return fill("{name}: not answered yet (replace the ... by your answer)", name=self.name)
         if self.status == NOT_ATTEMPTED:
-            return f"{self.name}: not attempted yet (the function still raises NotImplementedError)"
+            return fill("{name}: not attempted yet (the function still raises NotImplementedError)", name=self.name)
         if self.question:
-            return f"{self.name}: " + ("right" if self.status == PASS else "not right yet")
-        mark = "all cases passed" if self.status == PASS else "some cases failed"
-        return f"{self.name}: {self.passed}/{self.total} cases passed ({mark})"
+            return fill("{name}: right" if self.status == PASS else "{name}: not right yet", name=self.name)
+        if self.status == PASS:
+            return fill("{name}: {passed}/{total} cases passed (all cases passed)", name=self.name,
+                        passed=self.passed, total=self.total)
+        return fill("{name}: {passed}/{total} cases passed (some cases failed)", name=self.name,
+                    passed=self.passed, total=self.total)
 
     def report(self) -> str:
         lines = [self.summary()]
         if self.status != NOT_ATTEMPTED:
             lines += [o.line for o in self.outcomes]
         if self.status == PASS and self.explain:
-            lines.append(f"  why: {self.explain}")
+            lines.append("  " + fill("why: {why}", why=say(self.explain)))
         return "\n".join(lines)
 
 
@@ -268,18 +275,19 @@ def judge(ex: Exercise, case: Case, got: Any, expected: Any, hints: bool = True)
     except Exception as exc:  # a malformed answer must not crash the check
         ok, detail = False, f"could not compare: {error_line(exc)}"
     if ex.is_question:  # the detail of a comparison would give the right answer away
-        detail = f"{_short(got)} is " + ("right" if ok else "not the answer")
+        detail = fill("{answer} is right" if ok else "{answer} is not the answer", answer=_short(got))
+    detail, label = say(detail), say(case.label)
     if ok:
-        return Outcome(PASS, f"  ✓ {case.label}: {detail}")
+        return Outcome(PASS, f"  ✓ {label}: {detail}")
     for hint in ex.hints if hints else ():
         try:
             text = hint(case, got, expected)
         except Exception:
             text = None
         if text:
-            detail += f" — hint: {text}"
+            detail = fill("{detail} — hint: {hint}", detail=detail, hint=say(text))
             break
-    return Outcome(FAIL, f"  ✗ {case.label}: {detail}")
+    return Outcome(FAIL, f"  ✗ {label}: {detail}")
 
 
 def _clone(x: Any) -> Any:
@@ -295,6 +303,15 @@ def _clone(x: Any) -> Any:
 def call(fn: Callable, case: Case) -> Any:
     """Call a function on a private copy of a case's inputs (answers may modify them)."""
     return fn(*_clone(case.args), **_clone(case.kwargs))
+
+
+def not_attempted(case: Case) -> Outcome:
+    return Outcome(NOT_ATTEMPTED, f"  · {say(case.label)}: " + fill("not attempted yet"))
+
+
+def raised(case: Case, error: str) -> Outcome:
+    """The outcome of an answer that raised ``error`` (one line: the type and the message's first line)."""
+    return Outcome(ERROR, f"  ✗ {say(case.label)}: " + fill("raised {error}", error=error))
 
 
 def result_status(outcomes: list[Outcome]) -> str:
@@ -315,10 +332,10 @@ def run(name: str, fn: Callable, seed: int | None = None) -> CheckResult:
             if got is Ellipsis:  # a question's answer still at its placeholder
                 raise NotImplementedError
         except NotImplementedError:
-            outcomes.append(Outcome(NOT_ATTEMPTED, f"  · {case.label}: not attempted yet"))
+            outcomes.append(not_attempted(case))
             continue
         except Exception as exc:
-            outcomes.append(Outcome(ERROR, f"  ✗ {case.label}: raised {error_line(exc)}"))
+            outcomes.append(raised(case, error_line(exc)))
             continue
         outcomes.append(judge(ex, case, got, expected))
     return CheckResult(name, result_status(outcomes), outcomes, ex.explain, ex.is_question)

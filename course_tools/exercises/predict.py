@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from course_tools.messages import fill, say
+
 
 def _plain(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
@@ -39,19 +41,23 @@ def reveal(prediction: Any, measured: Any, why: str, tolerance: float = 0.0) -> 
     and one sentence on why. Returns nothing, so the cell shows only the printed lines.
 
     The first line never holds the measurement: JupyterLab shows the first line of a collapsed
-    output (see :func:`hide_reveals`), so the answer stays out of sight until the learner opens it."""
+    output (see :func:`hide_reveals`), so the answer stays out of sight until the learner opens it.
+    The lines are in the learner's language (``course_tools.messages``), ``why`` included."""
     prediction, measured = _plain(prediction), _plain(measured)
     if prediction is Ellipsis or prediction is None:
-        print(FIRST_LINE_UNANSWERED)
-        print(f"measured: {measured!r}")
-        print(f"why: {why}")
+        print(fill(FIRST_LINE_UNANSWERED))
+        print(fill("measured: {measured}", measured=repr(measured)))
+        print(fill("why: {why}", why=say(why)))
         return
     right = _matches(prediction, measured, tolerance)
-    close = f" (within {tolerance:g})" if tolerance and right else ""
-    verdict = "right" if right else "not what happened"
-    print(f"your prediction: {prediction!r}")
-    print(f"measured: {measured!r}: {verdict}{close}")
-    print(f"why: {why}")
+    print(fill("your prediction: {prediction}", prediction=repr(prediction)))
+    if right and tolerance:
+        print(fill("measured: {measured}: right (within {tolerance})", measured=repr(measured),
+                   tolerance=f"{tolerance:g}"))
+    else:
+        print(fill("measured: {measured}: right" if right else "measured: {measured}: not what happened",
+                   measured=repr(measured)))
+    print(fill("why: {why}", why=say(why)))
 
 
 FIRST_LINE_UNANSWERED = "your prediction: none yet (write it in the cell above, then run this cell again)"

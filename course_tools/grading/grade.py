@@ -33,6 +33,7 @@ from typing import Any
 import nbformat
 import torch
 
+from course_tools import messages
 from course_tools.exercises import checks
 from course_tools.grading import channel, results, shortcuts, submission
 from course_tools.grading.job import Limits
@@ -44,7 +45,7 @@ from course_tools.grading.text import clean
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_EXERCISES = ROOT / "exercises"
 WALL_GRACE = 15  # seconds past the notebook limit before the sandbox is ended from outside
-REFERENCE_FLAG = "tried to use the exercise references"
+REFERENCE_FLAG = messages.marked("tried to use the exercise references")
 SETUP = """import course_tools.grading.kernel_side as _course_grading
 _course_answer = _course_grading.Answerer({jobdir!r}, globals())
 """
@@ -94,32 +95,53 @@ def judge_case(ex: checks.Exercise, case: checks.Case, result: Any) -> checks.Ou
     """One case's record from the learner's kernel, judged against the reference computed here."""
     status = result.get("status") if isinstance(result, dict) else None
     if status == "not attempted":
-        return checks.Outcome(checks.NOT_ATTEMPTED, f"  · {case.label}: not attempted yet")
+        return checks.not_attempted(case)
     if status == "error":
-        return checks.Outcome(checks.ERROR, f"  ✗ {case.label}: raised {clean(result.get('message'), 300)}")
+        return checks.raised(case, clean(result.get("message"), 300))
     if status != "ok":
-        return checks.Outcome(checks.ERROR, f"  ✗ {case.label}: malformed result")
+        return checks.Outcome(checks.ERROR, f"  ✗ {messages.say(case.label)}: " + messages.fill("malformed result"))
     expected = checks.call(ex.reference, case)
     got = result.get("value")
     hints = _numel(got) <= 4 * _numel(expected) + 1024  # hints compute on the answer: only on bounded sizes
     return checks.judge(ex, case, got, expected, hints=hints)
 
 
+def _timed_out(name: str, max_points: float) -> ExerciseScore:
+    return ExerciseScore(name, 0, max_points, messages.marked("timeout"),
+                         ["  ✗ " + messages.fill("timed out: the function did not return in time")])
+
+
+def _failed(name: str, max_points: float, reason: str, line: str | None = None) -> ExerciseScore:
+    """An exercise that scored nothing because of ``reason`` (the status stays English, for the
+    instructor); the learner's ``line`` says it in the learner's language (default: ``reason`` translated)."""
+    return ExerciseScore(name, 0, max_points, f"error: {reason}", ["  ✗ " + (line or messages.say(reason))])
+
+
+def _first_error(result: Any) -> str:
+    """The status of an exercise whose every case failed to run: the first case's error."""
+    if isinstance(result, dict) and result.get("status") == "error":
+        return clean(result.get("message"), 300)
+    return "malformed result"
+
+
 def score(name: str, max_points: float, cases: list[checks.Case], loaded: dict, answer_error: str | None) \
         -> ExerciseScore:
     """The verdict on one exercise from its checked results."""
     if loaded["kind"] == "timeout":
-        return ExerciseScore(name, 0, max_points, "timeout", ["  ✗ timed out: the function did not return in time"])
+        return _timed_out(name, max_points)
     if loaded["kind"] == "missing":
-        reason = answer_error or f"NameError: the answer cell does not define {clean(loaded['function'], 80)}()"
-        return ExerciseScore(name, 0, max_points, f"error: {reason}", [f"  ✗ {reason}"])
+        if answer_error:
+            return _failed(name, max_points, answer_error, answer_error)
+        function = clean(loaded["function"], 80)
+        return _failed(name, max_points, f"NameError: the answer cell does not define {function}()",
+                       messages.fill("NameError: the answer cell does not define {function}()", function=function))
     if len(loaded["results"]) != len(cases):
-        return ExerciseScore(name, 0, max_points, "error: malformed results", ["  ✗ malformed results"])
+        return _failed(name, max_points, "malformed results", messages.fill("malformed results"))
     ex = checks.get(name)
     outcomes = [judge_case(ex, case, result) for case, result in zip(cases, loaded["results"], strict=True)]
     verdict = checks.result_status(outcomes)
     if verdict == checks.FAIL and all(o.status == checks.ERROR for o in outcomes):
-        verdict = "error: " + outcomes[0].line.split("raised ", 1)[-1]
+        verdict = "error: " + _first_error(loaded["results"][0])
     points = max_points if verdict == checks.PASS else 0
     return ExerciseScore(name, points, max_points, verdict, [o.line for o in outcomes])
 
@@ -129,19 +151,20 @@ def score_exercise(name: str, job: Job, files: dict[str, bytes], run: dict, kill
     """Score one exercise from what the sandbox sent back (or did not), checked by ``results.check_outputs``."""
     max_points = job.points[name]
     if name in job.problems:
-        return ExerciseScore(name, 0, max_points, job.problems[name], [f"  ✗ {job.problems[name]}"])
+        return ExerciseScore(name, 0, max_points, job.problems[name], ["  ✗ " + messages.say(job.problems[name])])
     answer_error = run["errors"].get(str(job.answer_index.get(name)))
     collect_error = run["errors"].get(str(job.collect_index[name]))
     data = files.get(f"{name}.pt")
     if data is None:
         timed_out = killed or run["status"] == "timeout"
         if (collect_error or "").startswith("KeyboardInterrupt") or (timed_out and collect_error is None):
-            return ExerciseScore(name, 0, max_points, "timeout", ["  ✗ timed out: the function did not return in time"])
-        reason = clean(answer_error or collect_error or "the notebook stopped before this exercise", 300)
-        return ExerciseScore(name, 0, max_points, f"error: {reason}", [f"  ✗ {reason}"])
+            return _timed_out(name, max_points)
+        stopped = messages.marked("the notebook stopped before this exercise")
+        reason = clean(answer_error or collect_error or stopped, 300)
+        return _failed(name, max_points, reason)
     loaded = checked[f"{name}.pt"]
     if isinstance(loaded, results.ContractError):
-        return ExerciseScore(name, 0, max_points, f"error: {loaded}", [f"  ✗ {loaded}"])
+        return _failed(name, max_points, str(loaded))
     return score(name, max_points, job.cases[name], loaded, answer_error)
 
 
@@ -230,7 +253,9 @@ def grade_file(path: Path, run: Class) -> Submission:
             sub.flags.append(warning)
         base = run.pristine[sub.lesson]
         limits = run.limits.for_lesson(base.metadata, run.explicit).within(run.share)
-        grade_parsed(sub, parsed, base, run.sandbox, limits, seed)
+        sub.lang = parsed.lang  # a Korean edition's submission gets its feedback in Korean
+        with messages.speaking(sub.lang):
+            grade_parsed(sub, parsed, base, run.sandbox, limits, seed)
     except SubmissionError as exc:
         sub.status = str(exc)
     except Exception as exc:  # a grader bug must cost one row, not the class's gradebook

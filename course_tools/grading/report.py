@@ -13,8 +13,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from course_tools.grading.text import clean, code_block, csv_cell, file_name, markdown_text, redact
+from course_tools.messages import SOURCE, fill, marked, say
 
-PENDING = "pending: graded by hand"  # the status of a manually graded answer (nbgrader's written answers)
+PENDING = marked("pending: graded by hand")  # the status of a manually graded answer (nbgrader's written answers)
 FILE_MODE = 0o640  # the gradebook and feedback: the instructor writes, the instructor's group reads
 DIR_MODE = 0o750
 
@@ -44,6 +45,7 @@ class Submission:
     sandbox: str = ""
     seconds: float = 0.0
     seed: int | None = None  # the cases' seed: `course grade FILE --seed SEED` draws the same cases again
+    lang: str = SOURCE  # the language of the submission's edition: its feedback is written in it
 
     @property
     def total(self) -> float:
@@ -95,17 +97,23 @@ def feedback_markdown(sub: Submission) -> str:
     def text(value: object, limit: int = 500) -> str:
         return markdown_text(redact(clean(value, 4 * limit)), limit)
 
-    pending = f", {sub.pending:g} more to be graded by hand" if sub.pending else ""
-    lines = [f"# Feedback: {text(sub.student, 80)}", "", f"Lesson {text(sub.lesson, 40) or 'unknown'}: "
-             f"{sub.total:g} of {sub.max_points:g} points{pending} ({text(sub.status)}).", ""]
-    lines += [f"Flagged: {text(flag)}" for flag in sub.flags] + ([""] if sub.flags else [])
+    def status(value: str) -> str:  # the status stays English in the gradebook; here it is translated
+        return text(say(value, sub.lang))
+
+    lang, lesson = sub.lang, text(sub.lesson, 40) or fill("unknown", sub.lang)
+    points = dict(lesson=lesson, total=f"{sub.total:g}", max=f"{sub.max_points:g}", status=status(sub.status))
+    lines = [fill("# Feedback: {student}", lang, student=text(sub.student, 80)), "",
+             fill("Lesson {lesson}: {total} of {max} points, {pending} more to be graded by hand ({status}).", lang,
+                  pending=f"{sub.pending:g}", **points) if sub.pending else
+             fill("Lesson {lesson}: {total} of {max} points ({status}).", lang, **points), ""]
+    lines += [fill("Flagged: {flag}", lang, flag=status(flag)) for flag in sub.flags] + ([""] if sub.flags else [])
     for e in sub.exercises:
-        lines += [f"## {text(e.name, 80)}: {'pending' if e.pending else f'{e.points:g}'} / {e.max_points:g} "
-                  f"({text(e.status)})", ""]
+        got = fill("pending", lang) if e.pending else f"{e.points:g}"
+        lines += [f"## {text(e.name, 80)}: {got} / {e.max_points:g} ({status(e.status)})", ""]
         body = e.answer.splitlines() if e.pending else e.lines
         lines += code_block([redact(line.strip() if not e.pending else line) for line in body]) + [""]
     if sub.seed is not None:
-        lines += [f"Cases drawn with seed {sub.seed}.", ""]
+        lines += [fill("Cases drawn with seed {seed}.", lang, seed=sub.seed), ""]
     return "\n".join(lines)
 
 

@@ -24,11 +24,13 @@ import json
 from functools import cache
 from pathlib import Path
 
+from course_tools.messages import marked
+
 ROOT = Path(__file__).resolve().parents[2]
 UTILITIES = {"course_utils.cpu_threads"}  # helpers the references use, taught nowhere
 MARKER = "is what this exercise teaches"
 SHORTCUT_MESSAGE = "{qualified} " + MARKER + ": write it yourself (the library version is not available while grading)"
-FLAG = "called a course_utils function that an exercise teaches (scored 0)"
+FLAG = marked("called a course_utils function that an exercise teaches (scored 0)")
 EXERCISE_DECORATORS = {"exercise", "question"}
 
 

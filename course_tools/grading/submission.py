@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import nbformat
 
+from course_tools import messages
 from course_tools.grading.text import clean
 
 MAX_BYTES = 16 * 2**20
@@ -31,10 +32,12 @@ class SubmissionError(ValueError):
 
 @dataclass
 class Parsed:
-    """What the grader takes from a submission: the claimed lesson and answer sources by grade_id."""
+    """What the grader takes from a submission: the claimed lesson, answer sources by grade_id, and the
+    language of its edition (only a known code; anything else is English)."""
 
     lesson: str | None
     answers: dict[str, list[str]] = field(default_factory=dict)
+    lang: str = messages.SOURCE
 
 
 def read_bytes(path: str, limit: int = MAX_BYTES) -> bytes:
@@ -92,7 +95,9 @@ def parse(raw: bytes) -> Parsed:
     meta = data.get("metadata")
     course = meta.get("course") if isinstance(meta, dict) else None
     lesson = course.get("lesson") if isinstance(course, dict) else None
-    parsed = Parsed(lesson if isinstance(lesson, str) else None)
+    edition = meta.get("course_edition") if isinstance(meta, dict) else None
+    lang = messages.known(edition.get("lang") if isinstance(edition, dict) else None)
+    parsed = Parsed(lesson if isinstance(lesson, str) else None, lang=lang)
     for cell in data["cells"]:
         grade_id = _answer_id(cell)
         if grade_id is not None:
@@ -153,9 +158,9 @@ def rebuild(pristine: nbformat.NotebookNode, parsed: Parsed, setup: str) -> tupl
             if len(found) == 1:
                 cell.source = found[0]
             elif not found:
-                problems[grade_id] = "missing answer cell"
+                problems[grade_id] = messages.marked("missing answer cell")
             else:
-                problems[grade_id] = f"{len(found)} answer cells with grade_id {grade_id!r}"
+                problems[grade_id] = messages.marked(f"{len(found)} answer cells with grade_id {grade_id!r}")
             cell.metadata = {**cell.metadata, GRADER_CELL: "timed"}
             answer_index[grade_id] = len(cells)
         cells.append(cell)

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from course_tools.exercises.checks import Case, exercise, question
 from course_tools.exercises.references._shared import close, known_wrong
+from course_tools.messages import marked
 from course_utils import attention, blocks, counting, data, gpt
 
 # --- the fixed contract of the training stage (stated in the notebook) --------------------------
@@ -163,7 +164,7 @@ def _shapes_hint(case: Case, got: Any, expected: Any) -> str | None:
         return (f"{buffers[0]} is saved with the weights: register a mask buffer with persistent=False, "
                 "or build the mask inside forward")
     if missing or extra:
-        shown = f"missing {missing[0]}" if missing else f"unexpected {extra[0]}"
+        shown = marked(f"missing {missing[0]}") if missing else marked(f"unexpected {extra[0]}")
         return (f"{shown}: name the submodules exactly as the interface does "
                 "(W_Q, W_K, W_V, W_O, W_in, W_out, norm1, ...)")
     wrong = [n for n in want if want[n] != have.get(n)]
@@ -334,11 +335,13 @@ def trained_reference_model(state: Any) -> gpt.GPT:
     want = {k: v.shape for k, v in to_learner_names(model.state_dict()).items()}
     missing, extra = sorted(set(want) - set(state)), sorted(set(state) - set(want))
     if missing or extra:
-        first = f"missing {missing[0]}" if missing else f"unexpected {extra[0]}"
-        raise ValueError(f"the state dict's names differ from the interface ({first}); pass capstone_shapes first")
+        first = marked(f"missing {missing[0]}") if missing else marked(f"unexpected {extra[0]}")
+        raise ValueError(marked(f"the state dict's names differ from the interface ({first}); "
+                                "pass capstone_shapes first"))
     wrong = [k for k in want if tuple(state[k].shape) != tuple(want[k])]
     if wrong:
-        raise ValueError(f"{wrong[0]} has shape {tuple(state[wrong[0]].shape)}, expected {tuple(want[wrong[0]])}")
+        shape, wanted = tuple(state[wrong[0]].shape), tuple(want[wrong[0]])
+        raise ValueError(marked(f"{wrong[0]} has shape {shape}, expected {wanted}"))
     model.load_state_dict(to_reference_names({k: v.float() for k, v in state.items()}))
     return model.eval()
 
@@ -355,13 +358,13 @@ def _training_verdict(case: Case, got: Any, expected: Any) -> tuple[bool, str]:
         return True, f"validation loss {loss:.3f} (the grader's, with a causal reference model) < {THRESHOLD}"
     vocab, _ = shakespeare_splits()
     if loss > math.log(vocab) + 0.5:
-        why = ("far above an untrained model's ln V: if your own training loss is near 0, the model saw the "
+        why = marked("far above an untrained model's ln V: if your own training loss is near 0, the model saw the "
                "future (check capstone_no_peeking) or learned to copy its input (are the targets shifted by one?)")
     elif loss > 2.7:
-        why = ("the loop hardly learned: zero the gradients every step (optimizer.zero_grad()), use the "
+        why = marked("the loop hardly learned: zero the gradients every step (optimizer.zero_grad()), use the "
                "learning rate you are given, and step the optimiser after backward()")
     else:
-        why = ("close but not there: warm the learning rate up linearly over warmup_steps before the cosine "
+        why = marked("close but not there: warm the learning rate up linearly over warmup_steps before the cosine "
                "decay, and clip the gradient norm to grad_clip")
     return False, f"validation loss {loss:.3f} ≥ {THRESHOLD} — {why}"
 
@@ -414,8 +417,10 @@ def _sampling_verdict(case: Case, got: Any, expected: Any) -> tuple[bool, str]:
         return False, f"ids outside the vocabulary [0, {sizes['vocab_size']})"
     if options.get("top_k") == 1 and not torch.equal(got.long(), expected):
         wrong = int((got.long() != expected).any(0).nonzero()[0])
-        crop = " (feed only the last max_len tokens: idx[:, -max_len:])" if shape[1] > sizes["max_len"] else ""
-        return False, f"with top_k=1 the tokens should follow the greedy path; they differ from position {wrong}{crop}"
+        if shape[1] > sizes["max_len"]:
+            return False, (f"with top_k=1 the tokens should follow the greedy path; they differ from position {wrong} "
+                           "(feed only the last max_len tokens: idx[:, -max_len:])")
+        return False, f"with top_k=1 the tokens should follow the greedy path; they differ from position {wrong}"
     return True, f"shape {shape}, prompt kept, ids in [0, {sizes['vocab_size']})" + \
         (", the greedy path" if options.get("top_k") == 1 else "")
 
