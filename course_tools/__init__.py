@@ -6,9 +6,11 @@ Subpackages, one per job:
   sample, bench, gpu-check, chat) with their run-time tuning;
 - ``exercises``: the checks a notebook calls, each lesson's references, predictions, ``course assign``;
 - ``grading``: ``course grade``, the sandbox, the typed job contract between grader and worker, reports;
-- ``editions``: ``course translate`` and ``course slides``, and the banner of every generated file.
+- ``editions``: ``course translate`` (with the catalogue of check messages) and ``course slides``, and the
+  banner of every generated file.
 
-Two modules stand alone: ``notebook_exec`` executes a notebook in a kernel (for ``course run`` and the
+Three modules stand alone: ``messages`` speaks the learner's language in checks and feedback (read by the
+kernel and the grader alike), ``notebook_exec`` executes a notebook in a kernel (for ``course run`` and the
 grading worker) and ``shipped_model`` trains and exports the GPT shipped in ``course_utils/pretrained``.
 Nothing in ``course_utils`` imports this package.
 """

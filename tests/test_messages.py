@@ -14,9 +14,9 @@ import pytest
 import yaml
 from nbclient import NotebookClient
 
-from course_tools import message_catalogue, messages
+from course_tools import messages
 from course_tools.cli import main
-from course_tools.editions import banner, translate
+from course_tools.editions import banner, message_catalogue, translate
 from course_tools.exercises.checks import check
 from course_tools.grading import submission
 

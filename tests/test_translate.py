@@ -8,8 +8,7 @@ import nbformat
 import pytest
 import yaml
 
-from course_tools import message_catalogue
-from course_tools.editions import banner, translate
+from course_tools.editions import banner, message_catalogue, translate
 from course_tools.grading import submission
 
 ROOT = Path(__file__).resolve().parent.parent

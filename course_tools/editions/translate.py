@@ -9,7 +9,7 @@ builds `README.<lang>.md`; a section a translation leaves in English is listed, 
 Every built file opens with a banner naming its two sources and this command (`course_tools.editions.banner`).
 The check messages are translated in `translations/<lang>/messages/*.yaml` and compiled into
 `course_tools/messages_<lang>.json`; a built notebook's setup cell gains the line that makes the checks
-speak its language, and its stored reveal lines are translated (`course_tools.message_catalogue`).
+speak its language, and its stored reveal lines are translated (`course_tools.editions.message_catalogue`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import nbformat
 
-from course_tools import message_catalogue, messages
-from course_tools.editions import banner
+from course_tools import messages
+from course_tools.editions import banner, message_catalogue
 
 ROOT = Path(__file__).resolve().parents[2]
 TRANSLATIONS = "translations"  # the sources of every edition: translations/<lang>/NN_topic.yaml, .../docs/DOC.yaml
