@@ -165,17 +165,18 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_cho
 
 
 # ------------------------------------------------------------------ self-check questions
-@question(explain="W_Q is 576 → 576: 8·(576 + 576) = 9,216; W_V is 576 → 192 (3 key/value heads of 64): "
-                  "8·(576 + 192) = 6,144; 15,360 per block, × 30 blocks = 460,800.",
+@question(explain="each adapted matrix trains r·(in + out) numbers whatever its direction: 4·(576 + 1,536) = 8,448; "
+                  "three matrices a block (gate, up, down) make 25,344, × 30 blocks = 760,320.",
           hints=[known_wrong({
-              552960: "W_V is not 576 × 576: SmolLM2 has 3 key/value heads of 64, so W_V is 576 → 192",
-              276480: "each adapter has two matrices: A (r × in) and B (out × r), r·(in + out) numbers",
-              15360: "that is one block; the adapters are on all 30",
-              14155776: "LoRA does not train W itself: r·(in + out) numbers per layer, not in · out",
+              506880: "SwiGLU's feed-forward network has three matrices: the gate, the up and the down projection",
+              25344: "that is one block; the adapters are on all 30",
+              322560: "each adapter has two matrices: A (r × in) and B (out × r), r·(in + out) numbers",
+              437760: "each adapter has two matrices: A (r × in) and B (out × r), r·(in + out) numbers",
+              79626240: "LoRA does not train W itself: r·(in + out) numbers per matrix, not in · out",
           })])
 def smollm2_lora_parameters() -> int:
-    """Trainable parameters of rank-8 LoRA on W_Q and W_V of all 30 SmolLM2 blocks."""
-    return 30 * (8 * (576 + 576) + 8 * (576 + 192))
+    """Trainable parameters of rank-4 LoRA on the three feed-forward matrices of all 30 SmolLM2 blocks."""
+    return 30 * 3 * 4 * (576 + 1536)
 
 
 @question(explain="the gradient of A is (α/r)·Bᵀ·(…) and the gradient of B is (α/r)·(…)·A: with both zero, "
