@@ -120,7 +120,7 @@ def test_no_lesson_or_module_has_a_device_policy_of_its_own():
             if "cuda.is_available()" in code:
                 offenders.append(str(path.relative_to(ROOT)))
     assert offenders == [], "use runtime.device() instead"
-    source = (ROOT / "course_tools" / "tuning.py").read_text()
+    source = (ROOT / "course_tools" / "cli" / "tuning.py").read_text()
     assert source.count("cuda.is_available()") == 1  # the torchrun branch of setup_distributed
 
 

@@ -212,7 +212,7 @@ def attacked(tmp_path_factory):
     if PROBLEM:
         pytest.fail(f"CI must run the sandbox: {PROBLEM}")
     planted = [ROOT / "course_utils" / "exercises" / "__pycache__" / "lesson00.cpython-311.pyc",
-               ROOT / "course_tools" / "references" / "__pycache__" / "planted.cpython-311.pyc"]
+               ROOT / "course_tools" / "exercises" / "references" / "__pycache__" / "planted.cpython-311.pyc"]
     made = [p.parent for p in planted if not p.parent.exists()]
     made += [ROOT / "course_utils" / "exercises"] if not (ROOT / "course_utils" / "exercises").exists() else []
     folder = tmp_path_factory.mktemp("sandbox-attacks")
@@ -453,7 +453,7 @@ def test_export_holds_tracked_sources_only():
     try:
         source = (folder / "course_utils" / "attention.py").read_text()
         assert "def softmax(*args, **kwargs):  # removed while grading" in source
-        assert not (folder / "course_tools" / "references").exists()
+        assert not (folder / "course_tools" / "exercises" / "references").exists()
     finally:
         shutil.rmtree(folder)
 

@@ -84,9 +84,9 @@ def _library_imports(tree: ast.Module) -> tuple[dict[str, tuple[str, str]], dict
 def teaches(lesson: str) -> dict[str, frozenset[tuple[str, str]]]:
     """Exercise name -> the (module, function) pairs of ``course_utils`` its reference calls, for
     lesson ``lesson`` (e.g. "02_self_attention"), read from ``course_tools/exercises/references/lessonNN.py``."""
-    path = ROOT / "course_tools" / "references" / f"lesson{lesson[:2]}.py"
-    if not path.is_file():
-        return {}
+    path = ROOT / "course_tools" / "exercises" / "references" / f"lesson{lesson[:2]}.py"
+    if not path.is_file():  # a moved or missing references file must not turn the shortcut rule off silently
+        raise FileNotFoundError(f"no references for lesson {lesson} at {path.relative_to(ROOT)}")
     tree = ast.parse(path.read_text())
     names, modules = _library_imports(tree)
     out: dict[str, frozenset[tuple[str, str]]] = {}
