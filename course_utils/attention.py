@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_utils.positional import alibi_bias, apply_rope
+from course_utils.positional import alibi_bias, rope_angles, rotate_pairs
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -220,23 +220,29 @@ class ModelKVCache:
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
-           causal: bool = False, *, dropout_p: float = 0.0, sdpa: bool = True) -> torch.Tensor:
+           causal: bool = False, *, dropout_p: float = 0.0, sdpa: bool = True, group_size: int = 1) -> torch.Tensor:
     """softmax(q kᵀ/√d_k + mask) v -> (..., T, d_v), by one of two paths that give the same numbers:
     PyTorch's ``F.scaled_dot_product_attention`` (``sdpa=True``: one fused kernel, no weights kept)
     or ``scaled_dot_product_attention`` above (the softmax written out, as lesson 02 derives it).
 
     The masks follow ``scaled_dot_product_attention``: bool (True = may attend) or additive floats,
-    and ``causal`` aligned bottom-right.
+    and ``causal`` aligned bottom-right. With ``group_size`` > 1, k and v (..., H_kv, S, d) hold one
+    head per group of query heads (grouped-query attention): the explicit path repeats them with
+    ``repeat_kv``; PyTorch's kernel reads each shared head in place (``enable_gqa``), without the copy.
     """
-    if not sdpa:
-        return scaled_dot_product_attention(q, k, v, mask, causal, dropout_p=dropout_p)[0]
     T, S = q.shape[-2], k.shape[-2]
+    if causal and mask is None and T == 1:
+        causal = False  # one query, the newest token (KV-cache decoding): it sees every key, nothing to mask
+    if not sdpa:
+        k, v = repeat_kv(k, group_size), repeat_kv(v, group_size)
+        return scaled_dot_product_attention(q, k, v, mask, causal, dropout_p=dropout_p)[0]
+    gqa = group_size > 1
     if causal and mask is None and T == S:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, enable_gqa=gqa)
     mask = _combine(mask, causal, T, S, q.device, q.dtype)
     if mask is not None and mask.is_floating_point():
         mask = mask.to(q.dtype)  # PyTorch's kernel wants a float mask in the dtype of q
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa)
 
 
 def repeat_kv(x: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -257,9 +263,11 @@ def with_alibi(mask: torch.Tensor | None, n_heads: int, T: int, S: int, dtype: t
 
 
 def rotate_qk(q: torch.Tensor, k: torch.Tensor, offset: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoPE (lesson 09) on q (B, H, T, d) and k (B, H_kv, T, d) at positions offset .. offset + T − 1."""
+    """RoPE (lesson 09) on q (B, H, T, d) and k (B, H_kv, T, d) at positions offset .. offset + T − 1:
+    ``positional.apply_rope`` on both, with the cos/sin table computed once for the two."""
     positions = torch.arange(offset, offset + q.shape[-2], device=q.device)
-    return apply_rope(q, positions, base), apply_rope(k, positions, base)
+    cos, sin = rope_angles(positions, q.shape[-1], base, q.dtype)
+    return rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)
 
 
 class MultiHeadAttention(nn.Module):
@@ -320,7 +328,6 @@ class MultiHeadAttention(nn.Module):
             q, k = rotate_qk(q, k, 0 if kv_cache is None else len(kv_cache), self.rope_base)
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)  # (B, H_kv, S, d): the earlier tokens' keys and values too
-        k, v = repeat_kv(k, self.group_size), repeat_kv(v, self.group_size)
         T, S = q.shape[-2], k.shape[-2]
         if mask is not None:
             mask = mask[:, None] if mask.ndim == 3 else mask  # (B, T, S) -> (B, 1, T, S): every head
@@ -329,6 +336,8 @@ class MultiHeadAttention(nn.Module):
             mask = with_alibi(mask, self.n_heads, T, S, q.dtype, x.device)
         p = self.dropout if self.training else 0.0
         if need_weights:
+            k, v = repeat_kv(k, self.group_size), repeat_kv(v, self.group_size)
             h, weights = scaled_dot_product_attention(q, k, v, mask, causal, dropout_p=p)
             return self.W_O(merge_heads(h)), weights
-        return self.W_O(merge_heads(attend(q, k, v, mask, causal, dropout_p=p, sdpa=self.sdpa)))
+        return self.W_O(merge_heads(attend(q, k, v, mask, causal, dropout_p=p, sdpa=self.sdpa,
+                                           group_size=self.group_size)))

@@ -99,6 +99,34 @@ def sinusoidal_rotation(k: float, d: int, base: float = 10000.0) -> torch.Tensor
     return torch.block_diag(*blocks).to(torch.get_default_dtype())
 
 
+def rope_angles(positions: torch.Tensor | Sequence[int], d: int, base: float = 10000.0,
+                dtype: torch.dtype | None = None, device: torch.device | str | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the RoPE angles ω_i · position: (..., T, d/2) each, for ``rotate_pairs``.
+
+    The angles are formed in float64 (float32 on MPS), so a position of several thousand still gets
+    its exact rotation, and only cos and sin are rounded to ``dtype``. Queries and keys at the same
+    positions share one table, so attention computes it once per step.
+    """
+    _check_even(d, "the last dimension of x (the head size)")
+    positions = torch.as_tensor(positions, device=device)
+    if positions.dtype == torch.bool:
+        raise TypeError("positions must be numbers (token positions), not booleans")
+    exact = runtime.exact_dtype(positions.device)
+    omega = sinusoidal_frequencies(d, base).to(device=positions.device, dtype=exact)
+    angle = positions.to(exact)[..., None] * omega  # (..., T, d/2)
+    dtype = torch.get_default_dtype() if dtype is None else dtype
+    return angle.cos().to(dtype), angle.sin().to(dtype)
+
+
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (..., T, d) with each pair (x_2i, x_2i+1) rotated by the angle whose cos and sin
+    (broadcastable to (..., T, d/2)) are given: the rotation step of ``apply_rope``."""
+    x_even, x_odd = x[..., 0::2], x[..., 1::2]
+    rotated = torch.stack([x_even * cos - x_odd * sin, x_even * sin + x_odd * cos], dim=-1)
+    return rotated.flatten(-2)
+
+
 def apply_rope(x: torch.Tensor, positions: torch.Tensor | Sequence[int],
                base: float = 10000.0) -> torch.Tensor:
     """Rotary position embedding: rotate each pair (x_2i, x_2i+1) by the angle ω_i · position.
@@ -109,18 +137,10 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor | Sequence[int],
     """
     _check_even(x.shape[-1], "the last dimension of x (the head size)")
     positions = torch.as_tensor(positions, device=x.device)
-    if positions.dtype == torch.bool:
-        raise TypeError("positions must be numbers (token positions), not booleans")
     if positions.ndim == 0 or positions.shape[-1] != x.shape[-2]:
         raise ValueError(f"positions must have one entry per token: last dimension {x.shape[-2]} "
                          f"(x has shape {tuple(x.shape)}), got shape {tuple(positions.shape)}")
-    exact = runtime.exact_dtype(x.device)
-    omega = sinusoidal_frequencies(x.shape[-1], base).to(device=x.device, dtype=exact)
-    angle = positions.to(exact)[..., None] * omega  # (..., T, d/2); float64 keeps large positions accurate
-    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
-    x_even, x_odd = x[..., 0::2], x[..., 1::2]
-    rotated = torch.stack([x_even * cos - x_odd * sin, x_even * sin + x_odd * cos], dim=-1)
-    return rotated.flatten(-2)
+    return rotate_pairs(x, *rope_angles(positions, x.shape[-1], base, x.dtype))
 
 
 def rope_halves_to_pairs(weight: torch.Tensor, n_heads: int) -> torch.Tensor:

@@ -521,6 +521,21 @@ def test_repeat_kv_gives_each_query_head_its_group():
         assert torch.equal(r[:, i], k[:, i // 3])
 
 
+@pytest.mark.parametrize("T, S", [(1, 7), (7, 7), (3, 7)])
+@pytest.mark.parametrize("masked", [False, True])
+def test_attend_shares_grouped_key_heads_without_copying_them(T, S, masked):
+    """The fused path reads each shared key/value head in place (enable_gqa); the explicit path repeats
+    them: both equal attention over repeat_kv's copies, for one cached query, a full square and a chunk."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 6, T, 8, generator=g)
+    k, v = torch.randn(2, 2, S, 8, generator=g), torch.randn(2, 2, S, 8, generator=g)
+    mask = (torch.rand(2, 1, T, S, generator=g) > 0.3) | causal_mask(T, S) if masked else None
+    expected = scaled_dot_product_attention(q, repeat_kv(k, 3), repeat_kv(v, 3), mask, causal=True)[0]
+    for sdpa in (True, False):
+        got = attend(q, k, v, mask, causal=True, sdpa=sdpa, group_size=3)
+        assert (got - expected).abs().max() <= TOL, (sdpa, T, S)
+
+
 @pytest.mark.parametrize("sdpa", [True, False])
 def test_grouped_query_attention_equals_multi_head_with_shared_key_heads(sdpa):
     torch.manual_seed(7)
