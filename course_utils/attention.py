@@ -13,6 +13,7 @@ also what PyTorch's own kernel returns.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Protocol
 
@@ -264,10 +265,27 @@ def with_alibi(mask: torch.Tensor | None, n_heads: int, T: int, S: int, dtype: t
 
 def rotate_qk(q: torch.Tensor, k: torch.Tensor, offset: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE (lesson 09) on q (B, H, T, d) and k (B, H_kv, T, d) at positions offset .. offset + T − 1:
-    ``positional.apply_rope`` on both, with the cos/sin table computed once for the two."""
-    positions = torch.arange(offset, offset + q.shape[-2], device=q.device)
-    cos, sin = rope_angles(positions, q.shape[-1], base, q.dtype)
+    ``positional.apply_rope`` on both, with one cos/sin table for the two (``rope_table``)."""
+    T, d = q.shape[-2], q.shape[-1]
+    if torch.compiler.is_compiling():  # a compiled graph holds the table itself; no Python-side memo inside it
+        cos, sin = rope_angles(torch.arange(offset, offset + T, device=q.device), d, base, q.dtype)
+    else:
+        cos, sin = rope_table(offset, T, d, base, q.dtype, q.device, torch.is_inference_mode_enabled())
     return rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)
+
+
+@functools.lru_cache(maxsize=16)
+def rope_table(offset: int, T: int, d: int, base: float, dtype: torch.dtype, device: torch.device,
+               inference_mode: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (T, d/2) of ``positional.rope_angles`` at positions offset .. offset + T − 1, kept.
+
+    Every block of one forward pass asks for the same table (the same positions), so it is computed
+    once, not once per block: this is what Hugging Face's rotary module does once per forward, and
+    it is about a tenth of a decoding step of a 30-block model. ``inference_mode`` is part of the
+    key because a table made under ``torch.inference_mode`` cannot be saved for a backward pass.
+    """
+    positions = torch.arange(offset, offset + T, device=device)
+    return rope_angles(positions, d, base, dtype)
 
 
 class MultiHeadAttention(nn.Module):

@@ -4,28 +4,19 @@ figures, lesson 07 its calculator (frozen: no kernel behind it), and search find
 (docs/browser_check.py). In CI (CI=true) a missing Chromium is a failure."""
 
 import argparse
-import importlib.util
 import json
-import os
 import re
-import shutil
 from pathlib import Path
 
 import pytest
+from browser import chromium, load_docs
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(f"docs_{name}", ROOT / "docs" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-site_build = load("build")
-browser_check = load("browser_check")
-commands = load("commands")
+site_build = load_docs("build")
+browser_check = load_docs("browser_check")
+commands = load_docs("commands")
 
 
 @pytest.fixture(scope="module")
@@ -89,15 +80,6 @@ def test_saved_widgets_are_disabled_on_the_site_but_not_in_the_download(site):
     assert site_build.frozen_widgets('{"cells": []}') == '{"cells": []}'
 
 
-def chromium() -> str:
-    path = shutil.which("chromium") or "/usr/bin/chromium"
-    if not Path(path).exists() or importlib.util.find_spec("playwright") is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI needs Chromium (apt-get install chromium) and Playwright for the browser check")
-        pytest.skip("no Chromium or Playwright here: apt-get install chromium; pip install playwright")
-    return path
-
-
 def test_page_errors_fail_the_browser_check(tmp_path):
     from playwright.sync_api import sync_playwright
 
@@ -109,7 +91,8 @@ def test_page_errors_fail_the_browser_check(tmp_path):
     server, base = browser_check.serve(tmp_path)
     try:
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=chromium(), headless=True, args=browser_check.CHROMIUM_ARGS)
+            browser = pw.chromium.launch(executable_path=chromium("the browser check"), headless=True,
+                                        args=browser_check.CHROMIUM_ARGS)
             problems = browser_check.check_every_page(browser.new_page(), base, browser_check.pages(tmp_path))
             browser.close()
     finally:
@@ -118,12 +101,12 @@ def test_page_errors_fail_the_browser_check(tmp_path):
 
 
 def test_readers_see_math_figures_widgets_and_search(site, tmp_path):
-    assert browser_check.run(site, chromium(), tmp_path / "screenshots") == []
+    assert browser_check.run(site, chromium("the browser check"), tmp_path / "screenshots") == []
     assert len(list((tmp_path / "screenshots").glob("*.png"))) == 3
 
 
 def test_pages_say_their_language_and_link_to_the_other_one(site):
-    conf = load("conf")
+    conf = load_docs("conf")
     assert conf.counterparts("notebooks/ko/02_self_attention") == ["notebooks/02_self_attention"]
     assert conf.counterparts("exercises/02_self_attention")[0] == "exercises/ko/02_self_attention"
     assert (conf.counterparts("index"), conf.counterparts("README.ko")) == (["README.ko"], ["index"])

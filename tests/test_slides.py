@@ -2,16 +2,13 @@
 taller than the canvas scrolls within two screens), and a built deck is a lecture hall's: it loads nothing
 from outside its folder, and at 1280 x 720 its text is at least 24 px and its figures as wide as the slide."""
 
-import importlib.util
-import os
 import re
-import shutil
-from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import nbformat
 import pytest
+from browser import Links, chromium
 
 from course_tools.editions import slides
 
@@ -56,12 +53,14 @@ def test_budget_counts_code_outputs_and_figures():
 def test_long_slides_are_continued_and_headings_start_their_own():
     md = nbformat.v4.new_markdown_cell
     cells = [md("# Title\n\nThe goal. More about it.\n\nA second paragraph."), md("a\nb\nc"), md("d\ne"),
-             md("f\ng\nh\ni\nj\nk"), md("## Next idea")]
+             md("f\ng\nh\ni\nj\nk"), md("## Next idea"), md("closing words\n\n## Recap\n\n- x"),
+             md("```python\n# a comment, not a heading\n```")]
     cells[1].metadata["slideshow"] = {"slide_type": "slide"}
     nb = slides.paginated(slides.for_the_hall(nbformat.v4.new_notebook(cells=cells)), budget=5)
     assert nb.cells[0].source == "# Title\n\nThe goal."  # the title slide: heading and one sentence
     assert [[c.source.split("\n")[0] for c in group] for group in slides.slides(nb)] == \
-        [["# Title"], ["a", "d"], ["f"], ["## Next idea"]]
+        [["# Title"], ["a", "d"], ["f"], ["## Next idea", "closing words"], ["## Recap"], ["```python"]]
+    assert nb.cells[-2].id == f"{cells[-2].id}-1"  # a heading inside a cell starts its own slide, as a new cell
     assert slides.slide_type(nb.cells[3]) == "subslide"  # a 6-line cell stays whole on its own slide
 
 
@@ -74,15 +73,6 @@ def test_the_hall_sees_no_test_markers_nor_widgets():
     nb = slides.for_the_hall(nb)
     assert nb.cells[1].source == "show()" and [o.get("text") for o in nb.cells[1].outputs] == ["static table\n"]
     assert "widgets" not in nb.metadata and nb.cells[0].source == "# T"
-
-
-class Links(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.links: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.links += [value for key, value in attrs if key in ("src", "href") and value]
 
 
 def local_references(page: Path) -> list[str]:
@@ -159,15 +149,6 @@ def test_reference_check_catches_outside_and_missing_files(tmp_path):
                                       "a.css: ./fonts/f.css does not exist"]
 
 
-def chromium() -> str:
-    path = shutil.which("chromium") or "/usr/bin/chromium"
-    if not Path(path).exists() or importlib.util.find_spec("playwright") is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI needs Chromium (apt-get install chromium) and Playwright for the slides check")
-        pytest.skip("no Chromium or Playwright here: apt-get install chromium; pip install playwright")
-    return path
-
-
 MEASURE = """() => {
   const scale = Reveal.getScale(), px = (el) => parseFloat(getComputedStyle(el).fontSize) * scale;
   const text = [...document.querySelectorAll('.reveal .slides p, .reveal .slides li, .reveal .slides pre')];
@@ -198,7 +179,8 @@ def test_deck_offline_in_a_browser_is_readable_at_720p(decks, lang):
             r.abort()
 
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium(), headless=True, args=["--no-sandbox", "--disable-gpu"])
+        browser = pw.chromium.launch(executable_path=chromium("the slides check"), headless=True,
+                                        args=["--no-sandbox", "--disable-gpu"])
         page = browser.new_page(viewport={"width": 1280, "height": 720})
         page.route("**/*", route)
         page.on("requestfailed", lambda r: failed.append(r.url))

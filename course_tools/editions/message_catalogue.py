@@ -31,9 +31,10 @@ import re
 from pathlib import Path
 
 from course_tools import messages
+from course_tools.exercises import REFERENCES
 
 FOLDER = "messages"  # translations/<lang>/messages/
-CODE = {"checks": "course_tools/exercises/checks.py", "shared": "course_tools/exercises/references/_shared.py",
+CODE = {"checks": "course_tools/exercises/checks.py", "shared": f"{REFERENCES}/_shared.py",
         "predict": "course_tools/exercises/predict.py", "grade": "course_tools/grading/grade.py",
         "submission": "course_tools/grading/submission.py", "report": "course_tools/grading/report.py",
         "shortcuts": "course_tools/grading/shortcuts.py"}
@@ -188,7 +189,7 @@ def sources(root: Path, filled: set[str] | None = None) -> dict[str, dict[str, t
     the templates the code fills itself."""
     out: dict[str, dict[str, tuple[str, dict[str, str]]]] = {
         "course": {section: (path, python_messages(root / path, filled)) for section, path in CODE.items()}}
-    for module in sorted((root / "course_tools" / "exercises" / "references").glob("lesson*.py")):
+    for module in sorted((root / REFERENCES).glob("lesson*.py")):
         number = module.stem[len("lesson"):]
         sections = {"references": (module.relative_to(root).as_posix(), python_messages(module))}
         for notebook in sorted((root / "notebooks").glob(f"{number}_*.ipynb")):

@@ -156,7 +156,24 @@ def for_the_hall(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     heading, _, rest = first.source.partition("\n")
     sentence = re.split(r"(?<=[.!?。])\s", rest.strip(), maxsplit=1)[0]
     first.source = f"{heading}\n\n{sentence}" if sentence else heading
+    nb.cells = [piece for cell in nb.cells for piece in at_headings(cell)]
     return nb
+
+
+def at_headings(cell: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
+    """A Markdown cell cut before each heading inside it (e.g. a closing paragraph, then "## Recap"), so
+    that ``paginated`` starts every heading on a slide of its own; other cells, and cells with a code
+    block (whose "# comment" lines are not headings), stay whole. The pieces get ids "<id>-1", "<id>-2"..."""
+    if cell.cell_type != "markdown" or "```" in cell.source:
+        return [cell]
+    parts = [part.strip("\n") for part in re.split(r"\n(?=#{1,6} )", cell.source)]
+    pieces = [cell]
+    for i, part in enumerate(parts[1:], 1):
+        piece = nbformat.v4.new_markdown_cell(part)
+        piece.id = f"{cell.id}-{i}"
+        pieces.append(piece)
+    cell.source = parts[0]
+    return pieces
 
 
 def build_slides(path: Path, out_dir: Path) -> Path:

@@ -6,3 +6,7 @@ self-check questions; ``references`` holds each lesson's reference implementatio
 committed; ``assign`` writes ``exercises/`` from ``solutions/`` and ``nbgrader_release`` lays out an
 nbgrader course folder that releases exactly those exercises.
 """
+
+REFERENCES = "course_tools/exercises/references"
+"""Where the references live, relative to the course folder: the grader leaves this folder out of the
+sandbox, the library-shortcut rule and the message catalogue read its ``lessonNN.py`` files."""

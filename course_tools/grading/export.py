@@ -24,12 +24,13 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from course_tools.exercises import REFERENCES
 from course_tools.grading import shortcuts
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("course_utils", "course_tools")
 DATA_DIRS = ("course_utils/pretrained/",)
-LEFT_OUT = ("course_tools/exercises/references/",)
+LEFT_OUT = (f"{REFERENCES}/",)
 
 
 class ExportError(RuntimeError):

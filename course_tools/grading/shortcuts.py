@@ -24,6 +24,7 @@ import json
 from functools import cache
 from pathlib import Path
 
+from course_tools.exercises import REFERENCES
 from course_tools.messages import marked
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,8 +84,8 @@ def _library_imports(tree: ast.Module) -> tuple[dict[str, tuple[str, str]], dict
 @cache
 def teaches(lesson: str) -> dict[str, frozenset[tuple[str, str]]]:
     """Exercise name -> the (module, function) pairs of ``course_utils`` its reference calls, for
-    lesson ``lesson`` (e.g. "02_self_attention"), read from ``course_tools/exercises/references/lessonNN.py``."""
-    path = ROOT / "course_tools" / "exercises" / "references" / f"lesson{lesson[:2]}.py"
+    lesson ``lesson`` (e.g. "02_self_attention"), read from ``lessonNN.py`` in ``exercises.REFERENCES``."""
+    path = ROOT / REFERENCES / f"lesson{lesson[:2]}.py"
     if not path.is_file():  # a moved or missing references file must not turn the shortcut rule off silently
         raise FileNotFoundError(f"no references for lesson {lesson} at {path.relative_to(ROOT)}")
     tree = ast.parse(path.read_text())
