@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 
 import pytest
 import torch
@@ -42,3 +43,11 @@ def test_bench_mistakes_are_one_line(capsys):
     assert capsys.readouterr().err.startswith("course bench: error: course bench --gpu needs a CUDA device")
     assert cli(["bench", "--cpu", "--sizes", "huge"]) == 2
     assert capsys.readouterr().err.startswith("course bench: error: unknown size 'huge'; choose from cpu, char")
+
+
+def test_llama_cpp_missing_names_the_install(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as where llama-cpp-python was never built
+    assert cli(["bench", "--llama-cpp"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("course bench: error: llama-cpp-python is not installed; `pip install llama-cpp-python`")
+    assert err.count("\n") == 1

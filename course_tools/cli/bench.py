@@ -1,5 +1,6 @@
 """``course bench --cpu``: training speed of the course's GPT against Hugging Face's GPT-2 code
-(``course bench --gpu``, in ``bench_gpu``: GPT-2 small on a CUDA device, with MFU).
+(``course bench --gpu``, in ``bench_gpu``: GPT-2 small on a CUDA device, with MFU; ``--llama-cpp``, in
+``bench_llama_cpp``: SmolLM2 decoding against llama.cpp).
 
 Both models get the same sizes, the same weights' shapes, float32, dropout 0, and the same AdamW;
 the reference runs PyTorch's tanh GELU kernel (``gelu_pytorch_tanh``, the function GPT-2 uses) and
@@ -152,6 +153,10 @@ def run_bench(args: argparse.Namespace) -> int:
     ``course bench --gpu``: GPT-2 small on the CUDA device (``bench_gpu``)."""
     if args.gpu:
         return run_gpu_bench(args)
+    if args.llama_cpp:
+        from course_tools.cli import bench_llama_cpp
+
+        return bench_llama_cpp.run(args)
     if args.dry_run or args.nanogpt or args.json:
         return fail(PROG, ValueError("--dry-run, --nanogpt and --json go with --gpu"))
     if not args.cpu:
@@ -199,9 +204,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     where.add_argument("--cpu", action="store_true", help="on the CPU, at the sizes of --sizes")
     where.add_argument("--gpu", action="store_true", help="GPT-2 small on the CUDA device: bf16, compiled, "
                        "the largest micro-batch that fits, with MFU")
+    where.add_argument("--llama-cpp", action="store_true", help="SmolLM2 decoding: the course's float32 GPT vs "
+                       "llama.cpp's Q4_1 kernels on the same file (needs llama-cpp-python, built outside the course)")
     p.add_argument("--sizes", nargs="+", default=["cpu", "char"], metavar="SIZE",
                    help=f"--cpu: sizes to compare ({', '.join(SIZES)}; default cpu char)")
-    p.add_argument("--threads", nargs="+", type=int, default=[1, 2], help="--cpu: thread counts (default 1 2)")
+    p.add_argument("--threads", nargs="+", type=int, default=[1, 2],
+                   help="--cpu: thread counts (default 1 2); --llama-cpp: the first one")
+    p.add_argument("--new-tokens", type=int, default=64, help="--llama-cpp: tokens to decode (default 64)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     p.add_argument("--steps", type=int, default=5, help="training steps per model and round (default 5)")
     p.add_argument("--dry-run", action="store_true", help="--gpu: the same code on the CPU at a tiny size")
