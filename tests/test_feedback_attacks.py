@@ -141,10 +141,11 @@ def test_no_name_takes_another_students_feedback_file(tmp_path):
     ["kim lee", "kim_lee", "kim%20lee", "kim-2", "kim~2", "kim"],
     [".hidden", "%2Ehidden", "..", "a/b", "a%2Fb", "", "%00"],
     ["김민수", "김민수 ", "e\u0301", "\u00e9", "x" * 300, "x" * 299 + "y"],
+    ["Kim", "kim", "KIM", "kIm", "\u00c9", "\u00e9", "X" * 300, "x" * 300, "Kim^1", "ǅ"],
 ])
 def test_file_names_are_one_to_one_and_safe(names):
     stems = [file_name(n) for n in names]
-    assert len(set(stems)) == len(names), stems
+    assert len({stem.casefold() for stem in stems}) == len(names), stems  # distinct even ignoring case
     for stem in stems:
         assert stem and "/" not in stem and not stem.startswith(".") and len(stem.encode()) <= 100
     assert file_name("김민수") == "김민수" and file_name("kim_lee") == "kim_lee"

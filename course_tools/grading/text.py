@@ -65,8 +65,9 @@ def file_name(text: str, limit: int = 100) -> str:
     """A file-name stem for ``text`` that no other text gets: ASCII letters, digits, ``_ . -`` and
     letters of other scripts stay; every other character becomes ``%XX`` (its UTF-8 bytes), ``%``
     included, so two different names never share a stem ("kim lee" -> ``kim%20lee``, "kim_lee" stays).
-    A leading dot is encoded (no hidden files); a stem over ``limit`` is cut and ends in a hash of
-    the whole name."""
+    A leading dot is encoded (no hidden files); a name with capitals ends in ``^`` and a hash of it, so
+    stems differ even where the file system ignores case (macOS, Windows: "Kim" and "kim" would be one
+    file); a stem over ``limit`` is cut and ends in a hash of the whole name."""
     text = str(text)
     parts = []
     for i, ch in enumerate(text):
@@ -74,6 +75,8 @@ def file_name(text: str, limit: int = 100) -> str:
             ord(ch) > 127 and unicodedata.category(ch)[0] in "LN" and unicodedata.is_normalized("NFC", ch))
         parts.append(ch if keep and not (i == 0 and ch == ".") else "".join(f"%{b:02X}" for b in ch.encode()))
     stem = "".join(parts) or "%00"
+    if stem != stem.casefold():
+        stem += "^" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
     if len(stem.encode()) > limit:
         digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
         stem = stem.encode()[: limit - 17].decode(errors="ignore") + "~" + digest
