@@ -120,3 +120,35 @@ def test_exercise_cells_are_registered_and_checked(path):
         assert meta.get("points", 0) > 0 and meta.get("locked"), f"{path.name}: {name}_check needs points and locked"
         assert f"check.{name}(" in check_cell.source, f"{path.name}: {name}_check must call check.{name}(...)"
         assert meta.get("schema_version") == 3
+
+
+def test_a_kernel_that_dies_at_start_is_started_again_but_not_forever():
+    import nbval.kernel
+
+    from conftest import retrying_kernel_start
+
+    assert nbval.kernel.start_new_kernel.__qualname__.startswith("retrying_kernel_start")  # nbval's is wrapped
+    calls = []
+
+    def dies(times):
+        def start(**kwargs):
+            calls.append(kwargs)
+            if len(calls) <= times:
+                raise RuntimeError("Kernel died before replying to kernel_info")
+            return "km", "kc"
+        return start
+
+    assert retrying_kernel_start(dies(2))(kernel_name="k") == ("km", "kc") and len(calls) == 3
+    calls.clear()
+    with pytest.raises(RuntimeError, match="died"):
+        retrying_kernel_start(dies(3))(kernel_name="k")
+    assert len(calls) == 3
+    calls.clear()
+
+    def other(**kwargs):
+        calls.append(kwargs)
+        raise RuntimeError("no such kernel")
+
+    with pytest.raises(RuntimeError, match="no such kernel"):
+        retrying_kernel_start(other)()
+    assert len(calls) == 1
