@@ -1,5 +1,6 @@
 """Test-session setup shared by unit tests and notebooks (nbval runs kernels with this environment)."""
 
+import functools
 import os
 from pathlib import Path
 
@@ -28,6 +29,7 @@ def retrying_kernel_start(start, attempts: int = 3):
     once in five fresh-clone runs with two suites on 2 cores). A kernel that cannot start at all still
     fails, on the last try; any other error is raised at once.
     """
+    @functools.wraps(start)
     def start_new_kernel(*args, **kwargs):
         for attempt in range(1, attempts + 1):
             try:
@@ -43,4 +45,5 @@ try:
 except ImportError:  # nbval is a test dependency; without it there are no notebook tests to start kernels for
     pass
 else:
-    nbval.kernel.start_new_kernel = retrying_kernel_start(nbval.kernel.start_new_kernel)
+    if not hasattr(nbval.kernel.start_new_kernel, "__wrapped__"):  # once, however often this file is loaded
+        nbval.kernel.start_new_kernel = retrying_kernel_start(nbval.kernel.start_new_kernel)
