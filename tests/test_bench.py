@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 
@@ -21,17 +22,77 @@ def test_the_two_models_have_the_same_parameters():
     assert ours(x).shape == theirs(x).shape == (2, 16, 65)
 
 
-def test_bench_prints_speeds_and_the_ratio(capsys):
+def test_bench_prints_speeds_the_ratio_and_its_interval(capsys):
     threads = torch.get_num_threads()
     assert cli(["bench", "--cpu", "--sizes", "tiny", "--threads", "1", "--rounds", "1", "--steps", "1"]) == 0
     assert torch.get_num_threads() == threads  # restored
     out = capsys.readouterr().out
-    row = re.search(r"^tiny\s+1\s+([\d,]+)\s+([\d,]+)\s+([\d.]+)$", out, re.M)
+    row = re.search(r"^tiny\s+1\s+1\s+([\d,]+)\s+([\d,]+)\s+([\d.]+)\s+([\d.]+)-([\d.]+)$", out, re.M)
     assert row, out
-    ours, theirs, ratio = (float(g.replace(",", "")) for g in row.groups())
+    ours, theirs, ratio, low, high = (float(g.replace(",", "")) for g in row.groups())
     assert ours > 0 and theirs > 0
-    assert ratio == pytest.approx(ours / theirs, rel=0.02)  # one round: the ratio of the two speeds
+    assert ratio == pytest.approx(ours / theirs, rel=0.002)  # one round: the ratio of the two speeds
+    assert low == high == ratio  # one round: the interval is that round
+    assert "1 step(s) of each model per round" in out
     assert "load average before" in out and "load average after" in out
+
+
+class FakeTrainer:
+    """Stands in for ``bench.Trainer``: each call takes the next of ``times`` and logs its name."""
+
+    def __init__(self, name: str, times: list[float], log: list[str]) -> None:
+        self.name, self.times, self.log, self.tokens_per_step = name, iter(times), log, 100
+
+    def steps(self, n: int) -> float:
+        self.log.append(self.name)
+        return n * next(self.times)
+
+
+def fake_trainers(monkeypatch, ours_times: list[float], theirs_times: list[float]) -> list[str]:
+    log: list[str] = []
+    made = iter([FakeTrainer("ours", ours_times, log), FakeTrainer("theirs", theirs_times, log)])
+    monkeypatch.setattr(bench, "Trainer", lambda model, size: next(made))
+    monkeypatch.setattr(bench, "course_model", lambda size: None)
+    monkeypatch.setattr(bench, "reference_model", lambda size: None)
+    return log
+
+
+def test_rounds_alternate_the_order_and_the_ratio_is_the_median_of_pairs(monkeypatch):
+    # two warm-up calls each (0 steps, then the timed one), then 5 rounds; round 2 is disturbed for
+    # both (a neighbour), round 4 for ours only
+    log = fake_trainers(monkeypatch, [1.0, 1.0, 1.0, 1.0, 3.0, 1.0, 5.0], [1.0, 1.0, 1.1, 1.1, 3.3, 1.1, 1.1])
+    r = bench.compare(bench.SIZES["tiny"], 1, rounds=5, steps=1, warmup=1)
+    assert log == ["ours", "theirs"] * 2 + ["ours", "theirs", "theirs", "ours"] * 2 + ["ours", "theirs"]
+    # ratios per round: 1.1, 1.1, 1.1, 1.1, 0.22 -> the median ignores the one-sided disturbance
+    assert r.ratio == pytest.approx(1.1)
+    assert (r.low, r.high) == (pytest.approx(0.22), pytest.approx(1.1))  # 5 rounds: the range
+    assert r.course_tokens_per_s == pytest.approx(100 / 1.0) and r.reference_tokens_per_s == pytest.approx(100 / 1.1)
+    assert r.rounds == 5
+
+
+def test_without_rounds_as_many_as_fit_in_the_seconds(monkeypatch):
+    # the timed warm-up round takes 0.2 + 0.3 s, so 10 s hold 20 rounds
+    fake_trainers(monkeypatch, [0.0, 0.2] + [0.2] * 20, [0.0, 0.3] + [0.3] * 20)
+    assert bench.compare(bench.SIZES["tiny"], 1, seconds=10.0).rounds == 20
+    fake_trainers(monkeypatch, [0.0, 0.2] + [0.2] * 11, [0.0, 0.3] + [0.3] * 11)
+    assert bench.compare(bench.SIZES["tiny"], 1, seconds=0.1).rounds == bench.MIN_ROUNDS
+
+
+def test_median_interval_has_its_stated_coverage():
+    # n = 41: ranks 14 and 28 (1-based) from the binomial, the textbook values for a 95% interval
+    xs = [float(i) for i in range(41)]
+    assert bench.median_interval(xs[::-1]) == (13.0, 27.0)
+    assert bench.median_interval([2.0, 1.0, 3.0]) == (1.0, 3.0)  # too few for 95%: the range
+    assert bench.median_interval([4.0]) == (4.0, 4.0)
+    # coverage on random samples from a skewed distribution whose median is known (exponential: ln 2)
+    gen = torch.Generator().manual_seed(0)
+    samples = torch.empty(4000, 41).exponential_(generator=gen)
+    hits = sum(lo <= math.log(2) <= hi for lo, hi in (bench.median_interval(s.tolist()) for s in samples))
+    assert 0.96 <= hits / 4000 <= 0.985  # exact coverage for n = 41: 1 - 2 P(Binomial(41, 1/2) <= 13) = 0.972
+    with pytest.raises(ValueError, match="at least one value"):
+        bench.median_interval([])
+    with pytest.raises(ValueError, match="confidence"):
+        bench.median_interval([1.0], confidence=1.0)
 
 
 def test_bench_mistakes_are_one_line(capsys):
@@ -41,6 +102,8 @@ def test_bench_mistakes_are_one_line(capsys):
     assert capsys.readouterr().err == "course bench: error: --dry-run, --nanogpt and --json go with --gpu\n"
     assert cli(["bench", "--gpu"]) == 2  # no CUDA on this machine
     assert capsys.readouterr().err.startswith("course bench: error: course bench --gpu needs a CUDA device")
+    assert cli(["bench", "--cpu", "--rounds", "0"]) == 2
+    assert capsys.readouterr().err == "course bench: error: --rounds and --steps must be at least 1\n"
     assert cli(["bench", "--cpu", "--sizes", "huge"]) == 2
     assert capsys.readouterr().err.startswith("course bench: error: unknown size 'huge'; choose from cpu, char")
 

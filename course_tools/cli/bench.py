@@ -5,14 +5,18 @@
 Both models get the same sizes, the same weights' shapes, float32, dropout 0, and the same AdamW;
 the reference runs PyTorch's tanh GELU kernel (``gelu_pytorch_tanh``, the function GPT-2 uses) and
 its scaled-dot-product attention, so the comparison is of the code, not of different maths.
-They are timed in one process and interleaved (a few steps of one, then of the other, the order
-alternating), so a neighbour's load slows both alike; the ratio is the median over rounds.
+They are timed in one process and interleaved: each round times one step of one model and then one
+of the other, the order alternating (ABBA), so a drift in the machine's speed slows both alike. A
+round's ratio is the reference's time over the course's; the result is the median of the rounds'
+ratios with its 95% interval (``median_interval``), so a run says whether a ratio below or above
+1.0 is more than the machine's noise.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import time
@@ -118,26 +122,60 @@ class Trainer:
 class BenchResult:
     size: str
     threads: int
+    rounds: int
     course_tokens_per_s: float
     reference_tokens_per_s: float
-    ratio: float  # course / reference, median of the rounds' ratios
+    ratio: float  # course / reference speed, median of the rounds' ratios
+    low: float  # the median's 95% interval (``median_interval``)
+    high: float
 
 
-def compare(size: BenchSize, threads: int, rounds: int = 5, steps: int = 5, warmup: int = 2) -> BenchResult:
-    """Interleaved timing of the two models at ``size`` with ``threads`` PyTorch threads."""
+SECONDS = 30.0  # timed seconds per size and thread count: about 250 rounds at the `cpu` size, 15 at `char`
+MIN_ROUNDS, MAX_ROUNDS = 11, 401
+
+
+def compare(size: BenchSize, threads: int, rounds: int | None = None, steps: int = 1, warmup: int = 2,
+            seconds: float = SECONDS) -> BenchResult:
+    """Interleaved timing of the two models at ``size`` with ``threads`` PyTorch threads: ``rounds``
+    rounds of ``steps`` steps of each model, the order alternating (ABBA). Without ``rounds``, as many
+    as fit in about ``seconds`` at the speed of the last warm-up steps (from 11 to 401)."""
     with torch_threads(threads):
         torch.manual_seed(0)
         ours, theirs = Trainer(course_model(size), size), Trainer(reference_model(size), size)
-        ours.steps(warmup)
-        theirs.steps(warmup)
-        speed: dict[str, list[float]] = {"ours": [], "theirs": []}
+        ours.steps(warmup - 1)
+        theirs.steps(warmup - 1)
+        one_round = ours.steps(1) + theirs.steps(1)
+        if rounds is None:
+            rounds = max(MIN_ROUNDS, min(MAX_ROUNDS, int(seconds / (steps * one_round))))
+        times: dict[str, list[float]] = {"ours": [], "theirs": []}
         for r in range(rounds):
             order = (("ours", ours), ("theirs", theirs)) if r % 2 == 0 else (("theirs", theirs), ("ours", ours))
             for name, trainer in order:
-                speed[name].append(steps * trainer.tokens_per_step / trainer.steps(steps))
-    ratio = statistics.median(a / b for a, b in zip(speed["ours"], speed["theirs"], strict=True))
-    return BenchResult(size.name, threads, statistics.median(speed["ours"]), statistics.median(speed["theirs"]),
-                       ratio)
+                times[name].append(trainer.steps(steps))
+    ratios = [b / a for a, b in zip(times["ours"], times["theirs"], strict=True)]
+    low, high = median_interval(ratios)
+    tokens = steps * ours.tokens_per_step
+    return BenchResult(size.name, threads, rounds, tokens / statistics.median(times["ours"]),
+                       tokens / statistics.median(times["theirs"]), statistics.median(ratios), low, high)
+
+
+def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free interval for the median of ``values``: the j-th smallest and the j-th largest
+    value, with j the largest rank such that the interval holds the true median with at least
+    ``confidence`` (each value falls below the median with probability 1/2, so the count below is
+    Binomial(n, 1/2)). With fewer than 6 values no such j exists at 95%, and the range is returned."""
+    if not values:
+        raise ValueError("median_interval needs at least one value")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+    xs, n = sorted(values), len(values)
+    j, below = 0, 0.0  # below = P(Binomial(n, 1/2) <= j - 1): the chance that the median lies under xs[j - 1]
+    while j < n // 2:
+        nxt = below + math.comb(n, j) / 2**n
+        if 2 * nxt > 1.0 - confidence:
+            break
+        j, below = j + 1, nxt
+    return (xs[0], xs[-1]) if j == 0 else (xs[j - 1], xs[n - j])
 
 
 def load_average() -> str:
@@ -151,6 +189,8 @@ def load_average() -> str:
 def run_bench(args: argparse.Namespace) -> int:
     """``course bench --cpu``: a table of tokens/s and the ratio per size and thread count;
     ``course bench --gpu``: GPT-2 small on the CUDA device (``bench_gpu``)."""
+    if any(n is not None and n < 1 for n in (args.rounds, args.steps)):
+        return fail(PROG, ValueError("--rounds and --steps must be at least 1"))
     if args.gpu:
         return run_gpu_bench(args)
     if args.llama_cpp:
@@ -165,12 +205,16 @@ def run_bench(args: argparse.Namespace) -> int:
     if unknown:
         return fail(PROG, ValueError(f"unknown size {unknown[0]!r}; choose from {', '.join(SIZES)}"))
     print(f"load average before: {load_average()}")
-    print(f"{'size':<6}{'threads':>8}{'course tok/s':>14}{'HF GPT-2 tok/s':>16}{'ratio':>7}")
+    steps = args.steps or 1
+    print(f"{steps} step(s) of each model per round, the order alternating; ratio = course / HF speed, the median "
+          "of the rounds' ratios, and its 95% interval")
+    print(f"{'size':<6}{'threads':>8}{'rounds':>7}{'course tok/s':>14}{'HF GPT-2 tok/s':>16}{'ratio':>7}"
+          f"{'95% interval':>15}")
     for name in args.sizes:
         for threads in args.threads:
-            r = compare(SIZES[name], threads, rounds=args.rounds, steps=args.steps)
-            print(f"{r.size:<6}{r.threads:>8}{r.course_tokens_per_s:>14,.0f}{r.reference_tokens_per_s:>16,.0f}"
-                  f"{r.ratio:>7.2f}", flush=True)
+            r = compare(SIZES[name], threads, rounds=args.rounds, steps=steps)
+            print(f"{r.size:<6}{r.threads:>8}{r.rounds:>7}{r.course_tokens_per_s:>14,.0f}"
+                  f"{r.reference_tokens_per_s:>16,.0f}{r.ratio:>7.3f}{f'{r.low:.3f}-{r.high:.3f}':>15}", flush=True)
     print(f"load average after: {load_average()}")
     return 0
 
@@ -188,7 +232,7 @@ def run_gpu_bench(args: argparse.Namespace) -> int:
             contenders.append(bench_gpu.nanogpt_contender(s.size, Path(args.nanogpt)))
         else:
             s.skipped.append("nanogpt: no --nanogpt PATH to nanoGPT's model.py given")
-        result = bench_gpu.run(contenders, s, rounds=args.rounds, steps=args.steps, batch=args.batch)
+        result = bench_gpu.run(contenders, s, rounds=args.rounds or 5, steps=args.steps or 5, batch=args.batch)
     except (OSError, ValueError, RuntimeError) as err:
         return fail(PROG, err)
     bench_gpu.print_result(result)
@@ -211,8 +255,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", nargs="+", type=int, default=[1, 2],
                    help="--cpu: thread counts (default 1 2); --llama-cpp: the first one")
     p.add_argument("--new-tokens", type=int, default=64, help="--llama-cpp: tokens to decode (default 64)")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
-    p.add_argument("--steps", type=int, default=5, help="training steps per model and round (default 5)")
+    p.add_argument("--rounds", type=int, help=f"interleaved rounds (default: --cpu, as many as fit in about "
+                   f"{SECONDS:.0f} s per size and thread count; otherwise 5)")
+    p.add_argument("--steps", type=int, help="training steps per model and round (default 1 with --cpu, 5 with "
+                   "--gpu)")
     p.add_argument("--dry-run", action="store_true", help="--gpu: the same code on the CPU at a tiny size")
     p.add_argument("--nanogpt", metavar="MODEL.PY", help="--gpu: also time nanoGPT's model.py (from a clone)")
     p.add_argument("--batch", type=int, help="--gpu: micro-batch (default: the largest power of two that fits)")

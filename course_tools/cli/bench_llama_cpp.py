@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import statistics
 import time
 
 import torch
 
+from course_tools.cli.bench import load_average
 from course_tools.cli.errors import fail
 
 PROG = "course bench"
@@ -65,9 +65,9 @@ def run(args: argparse.Namespace) -> int:
     course(), llama()  # warm-up
     speeds: dict[str, list[float]] = {"course": [], "llama.cpp": []}
     texts: dict[str, list[int]] = {}
-    loads = []
-    for i in range(args.rounds):
-        loads.append(os.getloadavg()[0])
+    loads, rounds = [], args.rounds or 5
+    for i in range(rounds):
+        loads.append(load_average())
         for name, f in ((("course", course), ("llama.cpp", llama)) if i % 2 == 0
                         else (("llama.cpp", llama), ("course", course))):
             speed, texts[name] = f()
@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     ratios = [a / b for a, b in zip(speeds["course"], speeds["llama.cpp"], strict=True)]
     same = next((i for i, (a, b) in enumerate(zip(texts["course"], texts["llama.cpp"], strict=True)) if a != b), n)
     print(f"SmolLM2-135M-Instruct, {n} new tokens after a {len(prompt)}-token prompt, {threads} threads, "
-          f"load average {min(loads):.2f}-{max(loads):.2f}, median of {args.rounds} interleaved rounds")
+          f"load average {loads[0]} at the first round and {loads[-1]} at the last, "
+          f"median of {rounds} interleaved rounds")
     for name, values in speeds.items():
         print(f"  {name:<10} {statistics.median(values):6.1f} tokens/s (from {min(values):.1f} to {max(values):.1f})")
     print(f"  course / llama.cpp: median {statistics.median(ratios):.2f} (from {min(ratios):.2f} to {max(ratios):.2f})")
