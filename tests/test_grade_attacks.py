@@ -71,11 +71,13 @@ seen = {'pids': len(cmds), 'grader': any('pytest' in c or 'course_tools.cli' in 
         'tmp': sorted(os.listdir('/tmp'))}
 """)
 FILES = reporter("mean_over_time", """
-import os, socket, course_utils
+import os, socket, sys, course_utils
 mark = 'course-attack-' + 'secret-7f3a'
 found = []
+python = {sys.prefix, sys.base_prefix}  # a virtual environment under /tmp is mounted there: no submission is in it
 for top in ('/tmp', '/home', '/job', os.path.dirname(os.path.dirname(course_utils.__file__))):
-    for folder, _, names in os.walk(top):
+    for folder, subfolders, names in os.walk(top):
+        subfolders[:] = [d for d in subfolders if os.path.join(folder, d) not in python]
         for n in names:
             try:
                 if mark in open(os.path.join(folder, n), errors='ignore').read(10**6):
