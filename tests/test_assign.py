@@ -135,8 +135,12 @@ needs_nbgrader = pytest.mark.skipif(_nbgrader_problem() is not None and not os.e
 
 
 def nbgrader(course: Path, *args: str) -> None:
-    """Run nbgrader for real, in ``course`` (where `course assign --nbgrader` put its config)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COURSE_MODE": "smoke", "OMP_NUM_THREADS": "1"}
+    """Run nbgrader for real, in ``course`` (where `course assign --nbgrader` put its config). nbgrader
+    runs its database migrations as the command ``alembic``: the scripts of this interpreter's
+    environment go first on PATH, so a virtual environment that was not activated still finds it."""
+    scripts = str(Path(sys.executable).parent)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COURSE_MODE": "smoke", "OMP_NUM_THREADS": "1",
+           "PATH": os.pathsep.join([scripts, os.environ.get("PATH", "")])}
     done = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=env, capture_output=True,
                           text=True, timeout=600)
     errors = [line for line in done.stderr.splitlines() if "| ERROR]" in line or "Traceback" in line]
