@@ -9,6 +9,7 @@ trusting the rest. Only paths with a file's extension are checked; placeholders 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import pkgutil
@@ -31,12 +32,14 @@ PLACEHOLDER = re.compile(r"NN|<|\*|OWNER")
 
 
 def code_spans(text: str) -> list[str]:
-    """The inline code spans of a Markdown text (fenced blocks are read line by line too)."""
+    """The inline code spans of a Markdown text, one line at a time."""
     return re.findall(r"`([^`\n]+)`", text)
 
 
+@functools.cache
 def library_names() -> dict[str, object]:
-    """Every module of course_utils by its short name, and every class defined in one, by name."""
+    """Every module of course_utils by its short name, and every class defined in one, by name (once
+    per session: every page's test reads the same table)."""
     names: dict[str, object] = {}
     for info in pkgutil.walk_packages(course_utils.__path__, "course_utils."):
         module = importlib.import_module(info.name)

@@ -132,6 +132,7 @@ class BenchResult:
 
 SECONDS = 30.0  # timed seconds per size and thread count: about 250 rounds at the `cpu` size, 15 at `char`
 MIN_ROUNDS, MAX_ROUNDS = 11, 401
+ROUNDS = 5  # --gpu and --llama-cpp: interleaved rounds unless --rounds says otherwise
 
 
 def compare(size: BenchSize, threads: int, rounds: int | None = None, steps: int = 1, warmup: int = 2,
@@ -232,7 +233,8 @@ def run_gpu_bench(args: argparse.Namespace) -> int:
             contenders.append(bench_gpu.nanogpt_contender(s.size, Path(args.nanogpt)))
         else:
             s.skipped.append("nanogpt: no --nanogpt PATH to nanoGPT's model.py given")
-        result = bench_gpu.run(contenders, s, rounds=args.rounds or 5, steps=args.steps or 5, batch=args.batch)
+        result = bench_gpu.run(contenders, s, rounds=args.rounds or ROUNDS, steps=args.steps or 5,
+                                  batch=args.batch)
     except (OSError, ValueError, RuntimeError) as err:
         return fail(PROG, err)
     bench_gpu.print_result(result)
@@ -256,7 +258,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="--cpu: thread counts (default 1 2); --llama-cpp: the first one")
     p.add_argument("--new-tokens", type=int, default=64, help="--llama-cpp: tokens to decode (default 64)")
     p.add_argument("--rounds", type=int, help=f"interleaved rounds (default: --cpu, as many as fit in about "
-                   f"{SECONDS:.0f} s per size and thread count; otherwise 5)")
+                   f"{SECONDS:.0f} s per size and thread count; otherwise {ROUNDS})")
     p.add_argument("--steps", type=int, help="training steps per model and round (default 1 with --cpu, 5 with "
                    "--gpu)")
     p.add_argument("--dry-run", action="store_true", help="--gpu: the same code on the CPU at a tiny size")

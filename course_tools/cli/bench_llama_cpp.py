@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from course_tools.cli.bench import load_average
+from course_tools.cli.bench import ROUNDS, load_average
 from course_tools.cli.errors import fail
 
 PROG = "course bench"
@@ -65,9 +65,8 @@ def run(args: argparse.Namespace) -> int:
     course(), llama()  # warm-up
     speeds: dict[str, list[float]] = {"course": [], "llama.cpp": []}
     texts: dict[str, list[int]] = {}
-    loads, rounds = [], args.rounds or 5
+    rounds, load_before = args.rounds or ROUNDS, load_average()
     for i in range(rounds):
-        loads.append(load_average())
         for name, f in ((("course", course), ("llama.cpp", llama)) if i % 2 == 0
                         else (("llama.cpp", llama), ("course", course))):
             speed, texts[name] = f()
@@ -75,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     ratios = [a / b for a, b in zip(speeds["course"], speeds["llama.cpp"], strict=True)]
     same = next((i for i, (a, b) in enumerate(zip(texts["course"], texts["llama.cpp"], strict=True)) if a != b), n)
     print(f"SmolLM2-135M-Instruct, {n} new tokens after a {len(prompt)}-token prompt, {threads} threads, "
-          f"load average {loads[0]} at the first round and {loads[-1]} at the last, "
+          f"load average {load_before} before and {load_average()} after, "
           f"median of {rounds} interleaved rounds")
     for name, values in speeds.items():
         print(f"  {name:<10} {statistics.median(values):6.1f} tokens/s (from {min(values):.1f} to {max(values):.1f})")
