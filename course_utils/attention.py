@@ -235,8 +235,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     if causal and mask is None and T == 1:
         causal = False  # one query, the newest token (KV-cache decoding): it sees every key, nothing to mask
     if not sdpa:
-        k, v = repeat_kv(k, group_size), repeat_kv(v, group_size)
-        return scaled_dot_product_attention(q, k, v, mask, causal, dropout_p=dropout_p)[0]
+        return explicit_attention(q, k, v, mask, causal, dropout_p=dropout_p, group_size=group_size)[0]
     gqa = group_size > 1
     if causal and mask is None and T == S:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, enable_gqa=gqa)
@@ -244,6 +243,16 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     if mask is not None and mask.is_floating_point():
         mask = mask.to(q.dtype)  # PyTorch's kernel wants a float mask in the dtype of q
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa)
+
+
+def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+                       causal: bool = False, *, dropout_p: float = 0.0,
+                       group_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """The explicit path of ``attend`` with its weights: ``(out (..., T, d_v), weights (..., H, T, S))``.
+    Each key/value head is repeated for the ``group_size`` query heads that read it (``repeat_kv``),
+    then ``scaled_dot_product_attention`` (lesson 02) does the rest."""
+    k, v = repeat_kv(k, group_size), repeat_kv(v, group_size)
+    return scaled_dot_product_attention(q, k, v, mask, causal, dropout_p=dropout_p)
 
 
 def repeat_kv(x: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -354,8 +363,7 @@ class MultiHeadAttention(nn.Module):
             mask = with_alibi(mask, self.n_heads, T, S, q.dtype, x.device)
         p = self.dropout if self.training else 0.0
         if need_weights:
-            k, v = repeat_kv(k, self.group_size), repeat_kv(v, self.group_size)
-            h, weights = scaled_dot_product_attention(q, k, v, mask, causal, dropout_p=p)
+            h, weights = explicit_attention(q, k, v, mask, causal, dropout_p=p, group_size=self.group_size)
             return self.W_O(merge_heads(h)), weights
         return self.W_O(merge_heads(attend(q, k, v, mask, causal, dropout_p=p, sdpa=self.sdpa,
                                            group_size=self.group_size)))

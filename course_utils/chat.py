@@ -6,9 +6,9 @@ the prompt is written the same way. SmolLM2 uses ChatML: every message is
 gets the default one; and the prompt ends with ``<|im_start|>assistant\\n``, the header of the
 reply the model is to write. The model ends its reply with ``<|im_end|>``.
 
-``stream`` decodes with the course's KV cache and sampler (``course_utils.generate``'s rules) and
-yields text as soon as it forms whole characters, since one token can hold half of a Korean
-syllable's UTF-8 bytes.
+``stream_ids`` decodes with the course's KV cache and sampler (``course_utils.generate``'s rules);
+``stream_text`` turns those ids into text as soon as they form whole characters, since one token can
+hold half of a Korean syllable's UTF-8 bytes.
 
 Shapes: ``T`` prompt tokens, ``V`` vocabulary.
 """

@@ -51,13 +51,13 @@ def from_gpt2_state_dict(state_dict: StateDict, n_heads: int, eps: float = 1e-5)
     V, D = sd["wte.weight"].shape
     n_layers = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("h."))
     d_ff = sd["h.0.mlp.c_fc.weight"].shape[1]
-    if "lm_head.weight" in sd and not torch.equal(sd["lm_head.weight"], sd["wte.weight"]):
-        raise ValueError("lm_head.weight differs from wte.weight; this GPT ties the unembedding to "
-                         "the token embedding, so it can only load tied checkpoints")
+    tied = "lm_head.weight" not in sd or torch.equal(sd["lm_head.weight"], sd["wte.weight"])  # OpenAI's are tied
     config = GPTConfig(V, sd["wpe.weight"].shape[0], n_layers, n_heads, D,
-                       d_ff=None if d_ff == 4 * D else d_ff, eps=eps)
+                       d_ff=None if d_ff == 4 * D else d_ff, eps=eps, tie_embeddings=tied)
     ours = {"token_embedding.weight": sd["wte.weight"], "position_embedding.weight": sd["wpe.weight"],
             "final_norm.gamma": sd["ln_f.weight"], "final_norm.beta": sd["ln_f.bias"]}
+    if not tied:
+        ours["lm_head.weight"] = sd["lm_head.weight"]
     pairs = {"attn.W_O": "attn.c_proj", "ffn.W_in": "mlp.c_fc", "ffn.W_out": "mlp.c_proj"}
     for i in range(n_layers):
         h, b = f"h.{i}.", f"blocks.{i}."

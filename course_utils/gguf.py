@@ -25,7 +25,7 @@ import torch
 
 from course_utils import quantize
 from course_utils.bpe import GPT2_PATTERN, PretrainedBPETokenizer
-from course_utils.gpt import GPTConfig
+from course_utils.config import GPTConfig, llama
 
 FLOAT_TYPES = ("F32", "F16")
 SUPPORTED_TYPES = (*FLOAT_TYPES, *quantize.FORMATS)
@@ -139,14 +139,12 @@ def llama_config(file: GGUFFile) -> GPTConfig:
     if rope_dim != d // n_heads:
         raise GGUFError(f"RoPE rotates {rope_dim} of {d // n_heads} features per head here; "
                         "the course rotates all of them, so this file is not supported")
-    tied = "output.weight" not in file.tensors
-    return GPTConfig(
-        vocab_size=file.tensor("token_embd.weight").shape[0], max_len=int(_get(file, "llama.context_length")),
-        n_layers=int(_get(file, "llama.block_count")), n_heads=n_heads, d_model=d, bias=False,
-        d_ff=int(_get(file, "llama.feed_forward_length")), activation="swiglu",
-        eps=float(_get(file, "llama.attention.layer_norm_rms_epsilon")),
-        n_kv_heads=int(file.metadata.get("llama.attention.head_count_kv", n_heads)), norm="rmsnorm",
-        position="rope", tie_embeddings=tied, rope_base=float(file.metadata.get("llama.rope.freq_base", 10000.0)))
+    return llama(file.tensor("token_embd.weight").shape[0], int(_get(file, "llama.context_length")),
+                 int(_get(file, "llama.block_count")), n_heads, d, int(_get(file, "llama.feed_forward_length")),
+                 n_kv_heads=int(file.metadata.get("llama.attention.head_count_kv", n_heads)),
+                 rope_base=float(file.metadata.get("llama.rope.freq_base", 10000.0)),
+                 eps=float(_get(file, "llama.attention.layer_norm_rms_epsilon")),
+                 tie_embeddings="output.weight" not in file.tensors)
 
 
 def state_dict_names(config: GPTConfig) -> dict[str, str]:

@@ -93,8 +93,8 @@ class GPT(nn.Module):
         offset = 0 if kv_cache is None else len(kv_cache)
         self._check_idx(idx, offset)
         x = self.token_embedding(idx)  # (B, T, D)
-        if self.position_embedding is not None:
-            x = x + self.position_embedding(idx.shape[1], offset)
+        if self.position_embedding is not None:  # (T, D); .to(x): fixed sinusoids are made on the CPU in float32
+            x = x + self.position_embedding(idx.shape[1], offset).to(x)
         x = self.drop(x)
         for i, block in enumerate(self.blocks):
             x = block(x, causal=True, kv_cache=None if kv_cache is None else kv_cache[i])

@@ -64,25 +64,6 @@ class LoRALinear(nn.Module):
         """ΔW = (α/r)·B A, (O, I): what training has added to the frozen weight."""
         return self.scale * (self.B @ self.A)
 
-    @property
-    def weight(self) -> torch.Tensor:
-        """The effective weight W + ΔW (O, I), for code that reads ``layer.weight`` instead of calling
-        the layer (the GPT's fused attention stacks W_Q, W_K, W_V into one matmul): the same numbers
-        and the same gradients for A and B as ``forward``."""
-        return self.base.weight if self.merged else self.base.weight + self.delta_weight()
-
-    @property
-    def bias(self) -> torch.Tensor | None:
-        return self.base.bias
-
-    @property
-    def in_features(self) -> int:
-        return self.base.in_features
-
-    @property
-    def out_features(self) -> int:
-        return self.base.out_features
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (*, I) -> (*, O). Two thin products, x Aᵀ (*, r) then · Bᵀ, never the full (O, I) ΔW."""
         y = self.base(x)
@@ -176,12 +157,18 @@ def adamw_state_bytes(optimizer: torch.optim.Optimizer) -> int:
 
 # ---------------------------------------------------------------------------------------------
 # Saving and loading adapters
+# config fields that say how a model computes or trains, not which weights it has: an adapter fits either way
+NOT_IDENTITY = ("sdpa", "dropout")
+
+
 def fingerprint(model: nn.Module) -> dict:
-    """What an adapter must match: the model's config (when it has one) and its parameter count."""
+    """What an adapter must match: the model's config (when it has one; not the attention path or the
+    dropout, ``NOT_IDENTITY``) and its parameter count."""
     config = getattr(model, "config", None)
     described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {}
     base = sum(p.numel() for name, p in model.named_parameters() if not name.endswith((".A", ".B")))
-    return {"config": {k: v for k, v in described.items() if isinstance(v, (int, float, str, bool, type(None)))},
+    return {"config": {k: v for k, v in described.items()
+                       if k not in NOT_IDENTITY and isinstance(v, (int, float, str, bool, type(None)))},
             "base_parameters": base}
 
 
@@ -233,8 +220,10 @@ def load_adapter(model: nn.Module, path: str | os.PathLike) -> list[str]:
         raise AdapterError(f"{path} is not an adapter file of this course (format {ADAPTER_FORMAT}); "
                            "write one with lora.save_adapter")
     ours = fingerprint(model)
-    if state["model"] != ours:
-        raise AdapterError(f"{path} was saved for another model ({_first_difference(state['model'], ours)}); "
+    saved = {**state["model"], "config": {k: v for k, v in state["model"]["config"].items()
+                                          if k not in NOT_IDENTITY}}  # files written before NOT_IDENTITY held them
+    if saved != ours:
+        raise AdapterError(f"{path} was saved for another model ({_first_difference(saved, ours)}); "
                            "load it into the model it was trained on")
     if not lora_layers(model):
         add_lora(model, tuple(state["names"]), state["rank"], state["alpha"])

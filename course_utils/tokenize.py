@@ -21,7 +21,7 @@ from typing import Protocol, runtime_checkable
 
 from course_utils.bpe import BPETokenizer, PretrainedBPETokenizer
 
-__all__ = ["BPETokenizer", "CharTokenizer", "Tokenizer", "Vocab", "load_tokenizer", "sentences", "words"]
+__all__ = ["CharTokenizer", "Tokenizer", "Vocab", "load_tokenizer", "sentences", "words"]
 
 WORD = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)*")
 SENTENCE_END = re.compile(r"[.!?]+|\n\s*\n")

@@ -92,11 +92,18 @@ def pages(site: Path) -> list[str]:
             if p.relative_to(site).parts[0] not in ("_static", "_sources")]
 
 
-def check_every_page(page, base: str, names: list[str]) -> list[str]:
-    """Open each page and wait until its scripts are done; any uncaught error or console error fails."""
+def listen(page) -> list[str]:
+    """A list that collects, from now on, every uncaught error and console error of ``page``."""
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(f"uncaught {str(exc).splitlines()[0]}"))
     page.on("console", lambda msg: errors.append(f"console error: {msg.text[:200]}") if msg.type == "error" else None)
+    return errors
+
+
+def check_every_page(page, base: str, names: list[str], errors: list[str] | None = None) -> list[str]:
+    """Open each page and wait until its scripts are done; any uncaught error or console error fails.
+    ``errors`` is the page's ``listen`` list, when the caller listens for longer than this check."""
+    errors = listen(page) if errors is None else errors
     problems = []
     for name in names:
         try:
@@ -145,8 +152,10 @@ def run(site: Path, chromium: str, shots: Path | None) -> list[str]:
             browser = pw.chromium.launch(executable_path=path, headless=True, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.route("**/*", route)
-            problems = check_every_page(page, base, pages(site))
+            errors = listen(page)
+            problems = check_every_page(page, base, pages(site), errors)
             problems += check_math_and_figures(page, base) + check_calculator(page, base) + check_search(page, base)
+            problems += [f"during the math, calculator and search checks: {error}" for error in errors]
             if shots:
                 screenshots(page, base, shots)
             browser.close()

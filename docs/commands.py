@@ -40,6 +40,8 @@ def argument(action: argparse.Action) -> tuple[str, str]:
     written = ", ".join(f"`{flag}{takes}`" for flag in action.option_strings) or f"`{metavar}`" + \
         (" …" if action.nargs in ("+", "*") else "")
     default = action.default
+    if isinstance(default, str) and not default.isprintable():  # e.g. a line break: show it as Python writes it
+        default = repr(default)
     if isinstance(default, (str, Path)) and str(default).startswith(str(ROOT)):  # the checkout's own folder
         default = Path(default).relative_to(ROOT).as_posix() or "."
     text = (action.help or "") % {"default": default, "prog": "course"}

@@ -19,8 +19,9 @@ def load_docs(name: str):
 
 
 def chromium(check: str) -> str:
-    """The Chromium that Playwright drives for ``check``; missing, it fails in CI and skips elsewhere."""
-    path = shutil.which("chromium") or "/usr/bin/chromium"
+    """The Chromium that Playwright drives for ``check`` (Debian's ``chromium``, or the Google Chrome that
+    GitHub's Ubuntu runners ship); missing, it fails in CI and skips elsewhere."""
+    path = shutil.which("chromium") or shutil.which("google-chrome") or "/usr/bin/chromium"
     if not Path(path).exists() or importlib.util.find_spec("playwright") is None:
         if os.environ.get("CI"):
             pytest.fail(f"CI needs Chromium (apt-get install chromium) and Playwright for {check}")

@@ -71,3 +71,20 @@ def test_the_checks_catch_a_name_that_is_gone():
     assert PATH.findall("see course_utils/train.py and tests/test_fast_path.py.") == [
         "course_utils/train.py", "tests/test_fast_path.py"]
     assert PATH.findall("tests/test_<concept>.py") == ["tests/test_<concept>.py"]  # whole, so the placeholder shows
+
+
+def test_the_instructors_pages_state_the_graders_defaults():
+    """The grading manual repeats the default limits in prose; they must be the code's (both languages)."""
+    from course_tools.grading.grade import WALL_GRACE
+    from course_tools.grading.job import Limits
+    from course_tools.grading.sandbox import Caps
+
+    limits, caps = Limits(), Caps()
+    english = (ROOT / "docs" / "pages" / "instructors.md").read_text(encoding="utf-8")
+    korean = (ROOT / "docs" / "pages" / "instructors.ko.md").read_text(encoding="utf-8")
+    for text, unit in ((english, " s"), (korean, "초")):
+        assert f"(`--cell-timeout`, {limits.cell_timeout}{unit})" in text
+        assert f"(`--notebook-timeout`, {limits.notebook_timeout}{unit}; {WALL_GRACE}{unit}" in text
+        assert f"`--memory-mb`, {caps.memory_mb};" in text
+    assert f"`--max-processes`, {caps.processes} tasks" in english
+    assert f"`--max-processes`, 작업 {caps.processes}개" in korean

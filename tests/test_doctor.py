@@ -28,7 +28,8 @@ def test_groups_put_lesson_packages_first_and_name_every_extra():
     names = list(groups)
     assert groups["torch"][1] == [] and groups["ipywidgets"][1] == []
     assert groups["gensim"][1] == ["lesson01"]
-    assert groups["transformers"][1] == ["lesson06", "lesson07", "lesson09", "lesson12"]
+    assert groups["transformers"][1] == ["lesson06", "lesson07", "lesson09"]
+    assert groups["transformers<6,>=5"][1] == ["lesson12"]  # a newer range: checked on its own
     assert groups["gguf"][1] == ["lesson12"]
     assert groups["pytest"][1] == ["dev"] and groups["jupyterlab"][1] == ["dev"]
     assert names.index("torch") < names.index("gensim") < names.index("pytest")
@@ -47,6 +48,25 @@ def test_missing_needed_package_fails_but_missing_extras_are_notes(monkeypatch):
     assert text.endswith('pip install ".[lesson07]"')  # the smaller extra: transformers alone
     status, text = doctor.check_requirement(Requirement("ruff>=0.5"), ["dev"])
     assert status == "NOTE" and "not needed for the lessons" in text
+
+
+def test_a_version_that_suits_some_lessons_only_is_a_note_for_the_others(monkeypatch):
+    """transformers 4.50 serves lessons 06-09, not lesson 12 (>=5): doctor says so, naming lesson 12's extra."""
+    installed_here = {req.name: metadata.version(req.name) for req, _ in doctor.requirement_groups().values()
+                      if _is_installed(req.name)}
+    monkeypatch.setattr(doctor.metadata, "version", installed({**installed_here, "transformers": "4.50.0"}))
+    lines = [(status, text) for status, text in doctor.diagnose(fetch=False) if text.startswith("transformers ")]
+    assert ("OK", "transformers 4.50.0 (lessons 06, 07, 09)") in lines
+    assert any(status == "NOTE" and "4.50.0 is outside <6,>=5" in text and "lesson 12 only" in text
+               and text.endswith('pip install ".[lesson12]"') for status, text in lines), lines
+
+
+def _is_installed(name: str) -> bool:
+    try:
+        metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def test_lesson_environment_passes_without_extras(monkeypatch):

@@ -64,12 +64,17 @@ def test_llama_greedy_generation_matches_hf_generate(name):
     assert torch.equal(mine, theirs)
 
 
-def test_gpt2_logits_match():
+@pytest.mark.parametrize("tied", [True, False])
+def test_gpt2_logits_match(tied):
+    """OpenAI's GPT-2 ties the unembedding to wte; an untied checkpoint keeps its own lm_head."""
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=101, n_positions=32, n_embd=48, n_layer=2, n_head=4,
-                                     bos_token_id=0, eos_token_id=0)
+                                     bos_token_id=0, eos_token_id=0, tie_word_embeddings=tied)
     hf = transformers.GPT2LMHeadModel(config).eval()
+    if not tied:
+        torch.nn.init.normal_(hf.lm_head.weight, std=0.02)  # its own numbers, not a copy of wte
     ours = GPT.from_hf(hf).eval()
+    assert ours.config.tie_embeddings == tied and (ours.lm_head is None) == tied
     idx = torch.randint(0, 101, (2, 20), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert (ours(idx)[0] - hf(idx).logits).abs().max().item() <= 1e-5

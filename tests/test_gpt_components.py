@@ -199,6 +199,16 @@ def test_sinusoidal_module_and_lengths_past_max_len():
         GPT(GPTConfig(**SMALL))(idx)
 
 
+def test_every_position_kind_runs_in_the_models_dtype():
+    """The fixed sinusoids are made in float32 on the CPU; the model adds them in its own dtype (and,
+    on a GPU, on its own device: tests/test_gpu.py), so a bfloat16 model stays bfloat16 throughout."""
+    idx = torch.randint(37, (2, 6))
+    for position in ("learned", "sinusoidal", "rope", "alibi", "none"):
+        model = GPT(GPTConfig(**SMALL, position=position)).to(torch.bfloat16)
+        logits, loss = model(idx, idx)
+        assert logits.dtype == torch.bfloat16 and torch.isfinite(loss), position
+
+
 def rotate_half_rope(x: torch.Tensor, base: float) -> torch.Tensor:
     """Hugging Face LLaMA's convention: feature j rotates with j + d/2."""
     d = x.shape[-1]

@@ -6,6 +6,7 @@ test_train.py and test_device_policy.py); tests/test_gpu_check.py runs the whole
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -80,6 +81,16 @@ def test_the_gpt_runs_on_the_fused_attention_kernels(backend):
     ref, _ = model.float()(x)
     assert (logits.float() - ref).abs().max() < 0.05
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@needs_cuda
+@pytest.mark.parametrize("position", ["learned", "sinusoidal", "rope", "alibi"])
+def test_every_position_kind_runs_on_the_device(position):
+    """The fixed sinusoids are made on the CPU; the model moves them to its device (gpt.GPT.forward)."""
+    model = gpt.GPT(dataclasses.replace(SMALL, position=position)).to(DEVICE)
+    idx = _data(2 * 16).view(2, 16).to(DEVICE)
+    logits, loss = model(idx, idx)
+    assert logits.device.type == "cuda" and torch.isfinite(loss)
 
 
 @needs_cuda

@@ -26,13 +26,24 @@ def section() -> str:
 PACKAGES = ("course_utils", "course_tools.cli")
 
 
+OTHERS = ("torch",)  # libraries the section quotes for comparison; every other module name must be ours
+
+
 def is_ours(module: str) -> bool:
-    return any((ROOT / package.replace(".", "/") / f"{module}.py").is_file() for package in PACKAGES)
+    """A module (``gpt.py``) or a package (``pretrained/__init__.py``) of one of PACKAGES."""
+    folders = [ROOT / package.replace(".", "/") for package in PACKAGES]
+    return any((f / f"{module}.py").is_file() or (f / module / "__init__.py").is_file() for f in folders)
 
 
 def documented() -> list[tuple[str, str, str]]:
     """(module, name, parameters) of every signature of one of our modules (``torch.…`` is not ours)."""
     return [(m["module"], m["name"], m["params"]) for m in SIGNATURE.finditer(section()) if is_ours(m["module"])]
+
+
+def test_every_module_the_section_names_exists():
+    """A mistyped or moved module would otherwise drop its signatures from the check without a word."""
+    unknown = {m["module"] for m in SIGNATURE.finditer(section())} - {m for m, _, _ in documented()} - set(OTHERS)
+    assert unknown == set(), f"CONTRIBUTING names modules that are not in {PACKAGES}: {sorted(unknown)}"
 
 
 def resolve(module: str, name: str):

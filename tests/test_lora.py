@@ -67,23 +67,23 @@ def test_equals_peft_outputs_and_gradients(rank, alpha):
 
 @pytest.mark.parametrize("config", [{}, dict(norm="rmsnorm", position="rope", activation="swiglu", bias=False,
                                               n_kv_heads=2)])
-def test_fused_attention_reads_the_effective_weight(config):
-    """Both attention paths (PyTorch's fused kernel and the explicit softmax) see W + ΔW."""
-    fused = small_gpt(**config)
-    lora.add_lora(fused, ("W_Q", "W_K", "W_V", "W_gate"), 2, 4.0)
-    with_random_B(fused)
-    batched = copy.deepcopy(fused)
-    explicit = gpt.GPT(dataclasses.replace(fused.config, sdpa=False)).eval()
+def test_both_attention_paths_see_the_adapters(config):
+    """PyTorch's scaled-dot-product kernel and the explicit softmax give the same logits and the same
+    adapter gradients on an adapted model: both call W_Q, W_K, W_V as layers, so both see W + ΔW."""
+    kernel = small_gpt(**config)
+    lora.add_lora(kernel, ("W_Q", "W_K", "W_V", "W_gate"), 2, 4.0)
+    with_random_B(kernel)
+    explicit = gpt.GPT(dataclasses.replace(kernel.config, sdpa=False)).eval()
     lora.add_lora(explicit, ("W_Q", "W_K", "W_V", "W_gate"), 2, 4.0)
-    explicit.load_state_dict(fused.state_dict())
-    batched = explicit
+    explicit.load_state_dict(kernel.state_dict())
     idx = torch.randint(50, (2, 16))
-    out_fused, out_batched = fused(idx[:, :-1], idx[:, 1:]), batched(idx[:, :-1], idx[:, 1:])
-    torch.testing.assert_close(out_fused[0], out_batched[0], atol=1e-5, rtol=1e-5)
-    out_fused[1].backward()
-    out_batched[1].backward()
-    for name, layer in lora.lora_layers(fused).items():
-        torch.testing.assert_close(layer.B.grad, batched.get_submodule(name).B.grad, atol=1e-6, rtol=1e-4)
+    out_kernel, out_explicit = kernel(idx[:, :-1], idx[:, 1:]), explicit(idx[:, :-1], idx[:, 1:])
+    torch.testing.assert_close(out_kernel[0], out_explicit[0], atol=1e-5, rtol=1e-5)
+    out_kernel[1].backward()
+    out_explicit[1].backward()
+    for name, layer in lora.lora_layers(kernel).items():
+        assert layer.B.grad.abs().max() > 0
+        torch.testing.assert_close(layer.B.grad, explicit.get_submodule(name).B.grad, atol=1e-6, rtol=1e-4)
 
 
 def test_one_layer_is_the_formula():
@@ -165,6 +165,24 @@ def test_save_and_load_adapter(tmp_path):
     assert torch.equal(fresh(idx)[0], trained(idx)[0])
     state = torch.load(path, weights_only=True)
     assert sum(t.numel() for t in state["tensors"].values()) == lora.trainable_parameters(trained)
+
+
+def test_an_adapter_fits_the_same_weights_computed_another_way(tmp_path):
+    """The attention path and the dropout are not part of a model's identity: an adapter trained with
+    PyTorch's kernel and dropout loads into the same weights run with the explicit softmax and none,
+    and so does a file whose fingerprint still lists them (written before they were left out)."""
+    trained = small_gpt(dropout=0.1)
+    lora.add_lora(trained, TARGETS, 4, 8.0)
+    with_random_B(trained)
+    path = lora.save_adapter(trained, tmp_path / "adapter.pt")
+    explicit = small_gpt(sdpa=False)
+    assert lora.load_adapter(explicit, path) == list(lora.lora_layers(trained))
+    idx = torch.randint(50, (2, 16))
+    torch.testing.assert_close(explicit.eval()(idx)[0], trained.eval()(idx)[0], atol=1e-5, rtol=1e-5)
+    old = torch.load(path, weights_only=True)
+    old["model"]["config"].update(sdpa=True, dropout=0.1)
+    torch.save(old, tmp_path / "old.pt")
+    assert lora.load_adapter(small_gpt(), tmp_path / "old.pt") == list(lora.lora_layers(trained))
 
 
 def test_adapter_for_another_model_is_a_one_line_error(tmp_path):

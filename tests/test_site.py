@@ -122,3 +122,15 @@ def test_pages_say_their_language_and_link_to_the_other_one(site):
             assert f'href="ko/{nb.stem}.html" hreflang="ko"' in english
     assert '<html lang="ko"' in (site / "README.ko.html").read_text(encoding="utf-8")
     assert 'href="README.ko.html" hreflang="ko"' in (site / "index.html").read_text(encoding="utf-8")
+
+
+def test_every_argument_of_every_command_is_described_on_one_table_row():
+    """A row without text tells the reader nothing; a line break inside a cell ends the Markdown table."""
+    parsers, _ = commands.subcommands()
+    for name, parser in parsers.items():
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+                continue
+            written, text = commands.argument(action)
+            assert text.strip(), f"course {name} {written}: add help= to its add_argument"
+            assert "\n" not in written + text, f"course {name} {written}: a line break in its row"

@@ -90,10 +90,6 @@ def test_char_tokenizer_errors():
         CharTokenizer("")
 
 
-def test_bpe_is_re_exported():
-    assert tokenize.BPETokenizer is bpe.BPETokenizer
-
-
 def test_both_tokenizers_round_trip_through_one_interface():
     text = "O Romeo, Romeo! wherefore art thou Romeo?\n트랜스포머 🙂\n" * 20
     for tok in (CharTokenizer(text), bpe.BPETokenizer.train(text, 300)):

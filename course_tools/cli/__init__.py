@@ -32,10 +32,12 @@ COMMANDS = {
     "slides": slides,
     "chat": chat,
 }
+DESCRIPTION = ("The Transformer course's command: check the setup, run and grade the notebooks, train and "
+               "sample a GPT, chat with SmolLM2, build slides. `course X --help` describes X.")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="course", description=__doc__)
+    parser = argparse.ArgumentParser(prog="course", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     for module in COMMANDS.values():
         module.add_parser(sub)

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from course_tools.cli.errors import USER_ERRORS, fail
+from course_tools.cli.sample import SEED, TOP_K, TOP_P
 from course_utils import chat, lora, pretrained
 from course_utils.pretrained import ModelUnavailable
 
@@ -29,11 +30,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--system", default=chat.DEFAULT_SYSTEM, help="the system message")
     p.add_argument("--model", help="a LLaMA-architecture GGUF file (default: SmolLM2-135M-Instruct, fetched once)")
     p.add_argument("--adapter", type=Path, help="LoRA adapters for this model (lesson 13's lora.save_adapter)")
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-new-tokens", type=int, default=256, help="most tokens in one answer")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (the default) is greedy decoding")
-    p.add_argument("--top-k", type=int)
-    p.add_argument("--top-p", type=float)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--top-k", type=int, help=TOP_K)
+    p.add_argument("--top-p", type=float, help=TOP_P)
+    p.add_argument("--seed", type=int, default=0, help=SEED)
     p.add_argument("--threads", type=int, help="PyTorch threads (default: PyTorch's choice)")
     p.set_defaults(func=run)
 

@@ -56,18 +56,27 @@ def declared() -> dict[str, list[Requirement]]:
 
 
 def requirement_groups() -> dict[str, tuple[Requirement, list[str]]]:
-    """Each package once, with the extras that ask for it (empty: every lesson needs it)."""
+    """Each package once per version range it is asked for in, with the extras that ask for it in that
+    range (empty: every lesson needs it). Keyed by the package's name, or ``name>=5,<6`` for a second
+    range (lesson 12 needs a newer transformers than lessons 06-09, so that is checked on its own)."""
     found: dict[str, tuple[Requirement, list[str]]] = {}
     for group, reqs in declared().items():
         for req in reqs:
             if req.name == DIST:  # an extra made of other extras
                 continue
-            if req.name not in found:
-                found[req.name] = (req, [])
-            if group:
-                found[req.name][1].append(group)
+            same = [k for k, (r, _) in found.items() if r.name == req.name and r.specifier == req.specifier]
+            if same:
+                key = same[0]
+            elif any(r.name == req.name for r, _ in found.values()):
+                key = f"{req.name}{req.specifier}"
             else:
-                found[req.name] = (req, [])
+                key = req.name
+            if key not in found:
+                found[key] = (req, [])
+            if group:
+                found[key][1].append(group)
+            else:
+                found[key] = (req, [])
     return dict(sorted(found.items(), key=lambda item: rank(item[1][1])))
 
 

@@ -108,7 +108,7 @@ def main(args: argparse.Namespace) -> int:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="execute notebooks headless (and store their outputs with --inplace)")
-    p.add_argument("notebooks", nargs="+", metavar="NOTEBOOK")
+    p.add_argument("notebooks", nargs="+", metavar="NOTEBOOK", help="the .ipynb files to execute, in order")
     p.add_argument("--mode", choices=runtime.MODES, help="run mode (default: COURSE_MODE or by hardware)")
     p.add_argument("--inplace", action="store_true", help="write the executed notebook back (not in smoke mode)")
     p.add_argument("--out-dir", metavar="DIR", help="write each executed notebook into DIR (any mode)")

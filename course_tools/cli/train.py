@@ -29,7 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", default="shakespeare", help="'shakespeare' (the course corpus) or PATH.txt")
     p.add_argument("--config", default="cpu", choices=list(train.TRAIN_PRESETS),
                    help="model + training preset (default cpu)")
-    p.add_argument("--tokenizer", default="char", choices=["char", "bpe"])
+    p.add_argument("--tokenizer", default="char", choices=["char", "bpe"],
+                   help="characters, or a byte-pair encoding learned from the text")
     p.add_argument("--bpe-vocab", type=int, default=512, help="vocabulary size of the BPE (default 512)")
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--max-iters", type=int, help="number of optimiser steps")
@@ -37,7 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, help="sequences per micro-batch and process")
     p.add_argument("--grad-accum", type=int, help="micro-batches per optimiser step and process")
     p.add_argument("--lr", type=float, help="peak learning rate")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=int,
+                   help=f"seed of the initialisation and the batches (default {train.TrainConfig.seed})")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the model (default: on CUDA; on a CPU when --time-budget is at least "
                    f"{tuning.CPU_COMPILE_BREAK_EVEN:.0f} s, where the faster steps repay the compile time)")

@@ -132,7 +132,7 @@ def choose_threads(asked: int | None, where: Dist) -> ThreadTuner | None:
 
 # ---------------------------------------------------------------------------------------------
 # torch.compile on a CPU, measured with the cpu config on the shared 2-core machine at load 17-19
-# (README, Performance): compiling cost COMPILE_SECONDS (the training graph at the first step, 73 s,
+# (docs/pages/performance.md): compiling cost COMPILE_SECONDS (the training graph at the first step, 73 s,
 # and the evaluation graph at the first evaluation, 33 s), then each step ran COMPILE_SPEEDUP times
 # faster, so it pays for itself after COMPILE_SECONDS / (1 - 1 / COMPILE_SPEEDUP) s, about 46 minutes.
 # Both sides slow down alike under load, so the rule holds roughly on a quieter machine too.

@@ -7,14 +7,34 @@ Markdown file opens with an HTML comment, which readers of the rendered page do 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import nbformat
 
 TAG = "generated-banner"
 
 
-def text(sources: str, command: str) -> str:
-    """One sentence: generated from `sources` (Markdown) by `command`; edit those, then rebuild."""
-    return f"*Generated from {sources} by `{command}`: edit the source, not this file, then run `{command}`.*"
+SENTENCES = {  # language -> (a notebook to read, an exercise notebook to fill in), and how sources are joined
+    "en": ("*Generated from {sources} by `{command}`: edit the source, not this file, then run `{command}`.*",
+           "*Your copy to fill in. (For maintainers: generated from {sources} by `{command}`; change the source "
+           "and run `{command}` again.)*", " and "),
+    "ko": ("*{sources}에서 `{command}`로 만든 파일입니다. 이 파일이 아니라 원본을 고친 뒤 `{command}`를 실행하세요.*",
+           "*여러분이 채워 넣을 사본입니다. (관리자용: {sources}에서 `{command}`로 만들었습니다. 원본을 고친 뒤 "
+           "`{command}`를 다시 실행하세요.)*", ", "),
+}
+
+
+def text(sources: Sequence[str], command: str, lang: str = "en", fill_in: bool = False) -> str:
+    """One sentence in ``lang``: generated from the files ``sources`` (paths) by ``command``.
+
+    A notebook that readers only read says: edit the source, then rebuild. An exercise notebook
+    (``fill_in``) is the learner's own copy, so it says that first and speaks to maintainers after.
+    """
+    if lang not in SENTENCES:
+        raise ValueError(f"no banner in language {lang!r}; add one to banner.SENTENCES (have {', '.join(SENTENCES)})")
+    to_read, to_fill, joiner = SENTENCES[lang]
+    named = joiner.join(f"`{source}`" for source in sources)
+    return (to_fill if fill_in else to_read).format(sources=named, command=command)
 
 
 def cell(sentence: str) -> nbformat.NotebookNode:

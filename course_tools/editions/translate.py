@@ -191,8 +191,8 @@ def build_file(root: Path, path: Path, catalogue: messages.Catalogue | None = No
         built, problems = translate_cells(nb, data.get(section), f"{lesson} ({section})")
         built = message_catalogue.speaking(built, lang, catalogue or _catalogue(root, lang))
         built.metadata["course_edition"] = {"lang": lang, "source": f"{folder}/{lesson}.ipynb"}
-        sources = f"`{path.relative_to(root).as_posix()}` and `{folder}/{lesson}.ipynb`"
-        banner.with_banner(built, banner.text(sources, f"course translate {lang}"))
+        sources = [path.relative_to(root).as_posix(), f"{folder}/{lesson}.ipynb"]
+        banner.with_banner(built, banner.text(sources, f"course translate {lang}", lang, fill_in=folder == "exercises"))
         edition.files[root / folder / lang / f"{lesson}.ipynb"] = nbformat.writes(built) + "\n"
         edition.problems += problems
     return edition

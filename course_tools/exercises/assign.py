@@ -116,7 +116,7 @@ def write_all(solutions: Path, exercises: Path) -> list[Path]:
     written = []
     for src in sorted(solutions.glob("*.ipynb")):
         nb = build_exercises(nbformat.read(src, as_version=4), lesson_of(src))
-        banner.with_banner(nb, banner.text(f"`solutions/{src.name}`", "course assign"))
+        banner.with_banner(nb, banner.text([f"solutions/{src.name}"], "course assign", fill_in=True))
         dest = exercises / src.name
         nbformat.write(nb, dest)
         written.append(dest)

@@ -305,6 +305,27 @@ def call(fn: Callable, case: Case) -> Any:
     return fn(*_clone(case.args), **_clone(case.kwargs))
 
 
+ATTEMPT_OK, ATTEMPT_NONE, ATTEMPT_ERROR = "ok", "not attempted", "error"
+
+
+def attempt(fn: Callable, args: tuple, kwargs: dict) -> tuple[str, Any]:
+    """A learner's answer to one case, by the one rule the notebook's check and the grader share:
+    ``("ok", value)``; ``("not attempted", None)`` when it raises NotImplementedError (the exercise's
+    stub) or returns ``...`` (a question's placeholder); ``("error", error_line)`` when it raises."""
+    try:
+        value = fn(*args, **kwargs)
+    except NotImplementedError:
+        return ATTEMPT_NONE, None
+    except Exception as exc:
+        return ATTEMPT_ERROR, error_line(exc)
+    return (ATTEMPT_NONE, None) if value is Ellipsis else (ATTEMPT_OK, value)
+
+
+def returning(value: Any) -> Callable[[], Any]:
+    """A question's answer is a value, not a function: this function returns it, so it is checked like one."""
+    return lambda: value
+
+
 def not_attempted(case: Case) -> Outcome:
     return Outcome(NOT_ATTEMPTED, f"  · {say(case.label)}: " + fill("not attempted yet"))
 
@@ -327,22 +348,14 @@ def run(name: str, fn: Callable, seed: int | None = None) -> CheckResult:
     outcomes = []
     for case in cases:
         expected = call(ex.reference, case)
-        try:
-            got = call(fn, case)
-            if got is Ellipsis:  # a question's answer still at its placeholder
-                raise NotImplementedError
-        except NotImplementedError:
+        status, got = attempt(fn, _clone(case.args), _clone(case.kwargs))
+        if status == ATTEMPT_NONE:
             outcomes.append(not_attempted(case))
-            continue
-        except Exception as exc:
-            outcomes.append(raised(case, error_line(exc)))
-            continue
-        outcomes.append(judge(ex, case, got, expected))
+        elif status == ATTEMPT_ERROR:
+            outcomes.append(raised(case, got))
+        else:
+            outcomes.append(judge(ex, case, got, expected))
     return CheckResult(name, result_status(outcomes), outcomes, ex.explain, ex.is_question)
-
-
-def _constant(value: Any) -> Callable[[], Any]:
-    return lambda: value
 
 
 class CheckFailed(AssertionError):
@@ -363,7 +376,7 @@ class _Checker:
 
         def checker(fn: Any, seed: int | None = None) -> None:
             if not callable(fn):  # a question's answer: the value itself
-                fn = _constant(fn)
+                fn = returning(fn)
             result = run(name, fn, seed)
             print(result.report())
             if STRICT and result.status != PASS:

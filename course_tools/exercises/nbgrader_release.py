@@ -37,7 +37,7 @@ class StudentVersion(NbGraderPreprocessor):
         if lesson:
             grading = nb.metadata.get("course", {}).get("grading")
             nb.metadata["course"] = {"lesson": lesson, "kind": "exercise", **({"grading": grading} if grading else {})}
-            banner.with_banner(nb, banner.text(f"`solutions/{lesson}.ipynb`", "course assign"))
+            banner.with_banner(nb, banner.text([f"solutions/{lesson}.ipynb"], "course assign", fill_in=True))
         return nb, resources
 
 

@@ -7,6 +7,7 @@ read by the worker; and the time and output limits of a grading run, with their 
 from __future__ import annotations
 
 import json
+import typing
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
@@ -68,9 +69,9 @@ class JobSpec:
         data = json.loads(path.read_text())
         if not isinstance(data, dict) or set(data) != {f.name for f in fields(cls)}:
             raise ValueError(f"{path}: not a job spec (fields {sorted(data) if isinstance(data, dict) else data!r})")
-        types = {"cell_timeout": int, "notebook_timeout": int, "output_cap": int, "workdir": str, "channel_fd": int,
-                 "env": dict, "rlimits": dict, "confine_self": bool}
-        for name, kind in types.items():
+        # each field's type from its annotation (dict[str, str] -> dict), so a new field is checked too
+        kinds = {name: typing.get_origin(hint) or hint for name, hint in typing.get_type_hints(cls).items()}
+        for name, kind in kinds.items():
             if type(data[name]) is not kind:
                 raise ValueError(f"{path}: job field {name} is not {kind.__name__}")
         if not all(type(k) is str and type(v) is str for k, v in data["env"].items()):

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from course_tools.exercises import checks
+
 
 def plain(value: Any) -> Any:
     """A value that ``torch.load(weights_only=True)`` can read: tensors, numbers, strings,
@@ -31,22 +33,18 @@ def plain(value: Any) -> Any:
     return value
 
 
+MESSAGE_CHARS = 300  # of an error's one line, kept in the record the grader reads
+
+
 def one_case(fn: Callable, args: tuple, kwargs: dict) -> dict:
-    """The learner's answer to one case, as a result record."""
-    try:
-        value = fn(*args, **kwargs)
-        if value is Ellipsis:  # a question's answer still at its placeholder
-            raise NotImplementedError
-        return {"status": "ok", "value": plain(value)}
-    except NotImplementedError:
-        return {"status": "not attempted"}
-    except Exception as exc:
-        text = str(exc).strip().splitlines()
-        return {"status": "error", "message": type(exc).__name__ + (": " + text[0][:300] if text else "")}
-
-
-def _constant(value: Any) -> Callable[[], Any]:
-    return lambda: value
+    """The learner's answer to one case as a result record, by the notebook check's own rule
+    (``checks.attempt``): ok with its value, not attempted, or an error with its one line."""
+    status, value = checks.attempt(fn, args, kwargs)
+    if status == checks.ATTEMPT_OK:
+        return {"status": status, "value": plain(value)}
+    if status == checks.ATTEMPT_ERROR:
+        return {"status": status, "message": value[:MESSAGE_CHARS]}
+    return {"status": status}
 
 
 class Answerer:
@@ -61,7 +59,7 @@ class Answerer:
         cases = torch.load(os.path.join(self.jobdir, "inputs", name + ".pt"), weights_only=True)
         fn = self.namespace.get(function)
         if fn is not None and not callable(fn):  # a question: the answer is the variable's value
-            fn = _constant(fn)
+            fn = checks.returning(fn)
         if not callable(fn):
             results: dict = {"kind": "missing", "function": function}
         else:
