@@ -278,7 +278,7 @@ def minilm_dir() -> Path:
     return Path(MODEL_DIR)
 
 
-def load_tokenizer(model_dir: Path, max_len: int = 256):
+def wordpiece_tokenizer(model_dir: Path, max_len: int = 256):
     """The WordPiece tokenizer from ``tokenizer.json``, padding to the longest sentence of a batch
     and cutting sentences at ``max_len`` tokens (the sentence model's limit)."""
     from tokenizers import Tokenizer
@@ -340,7 +340,7 @@ def load_minilm(model_dir: str | Path | None = None) -> SentenceEncoder:
     max_len = json.loads(sentence_config.read_text())["max_seq_length"] if sentence_config.exists() else 512
     model = TransformerEncoder(config)
     model.load_state_dict(map_bert_state_dict(load_file(model_dir / "model.safetensors"), model), strict=True)
-    return SentenceEncoder(model, load_tokenizer(model_dir, max_len=min(max_len, config.max_len)))
+    return SentenceEncoder(model, wordpiece_tokenizer(model_dir, max_len=min(max_len, config.max_len)))
 
 
 def parameter_counts(model: TransformerEncoder) -> dict[str, int]:

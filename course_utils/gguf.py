@@ -128,7 +128,7 @@ def _get(file: GGUFFile, key: str) -> object:
     return file.metadata[key]
 
 
-def llama_config(file: GGUFFile) -> GPTConfig:
+def gpt_config(file: GGUFFile) -> GPTConfig:
     """The course's ``GPTConfig`` for a LLaMA-architecture file: lesson 09's switches, sizes from the metadata."""
     arch = file.metadata.get("general.architecture")
     if arch != "llama":

@@ -132,3 +132,20 @@ def test_the_checker_finds_drift():
     assert check("counting", "block_parameter_count",
                  "d_model, d_ff=None, activation='gelu', bias=True, n_heads=1, n_kv_heads=None, norm='layernorm'") \
         == [f"{name} is keyword-only in the code: write '*' before it" for name in ("n_heads", "n_kv_heads", "norm")]
+
+
+def test_no_two_public_things_share_a_name():
+    """CONTRIBUTING's rule across the library: a public function or class name means one thing (two
+    ``load_tokenizer`` and two ``llama_config`` once did). Names a module imports are not its own."""
+    import pkgutil
+
+    import course_utils
+
+    homes: dict[str, list[str]] = {}
+    for info in pkgutil.iter_modules(course_utils.__path__):
+        module = importlib.import_module(f"course_utils.{info.name}")
+        for name, obj in vars(module).items():
+            if not name.startswith("_") and (inspect.isfunction(obj) or inspect.isclass(obj)) \
+                    and obj.__module__ == module.__name__:
+                homes.setdefault(name, []).append(info.name)
+    assert {name: where for name, where in homes.items() if len(where) > 1} == {}

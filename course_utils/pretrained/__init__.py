@@ -120,7 +120,7 @@ def fetch(name: str = SMOLLM2, folder: Path | None = None, download: bool = True
 def load_gguf(path: str | Path, device: str | torch.device = "cpu") -> tuple[gpt.GPT, PretrainedBPETokenizer]:
     """(the course's GPT in eval mode, the course's tokenizer) built from a LLaMA-architecture GGUF file."""
     file = gguf.read(path)
-    config = gguf.llama_config(file)
+    config = gguf.gpt_config(file)
     tokenizer = gguf.tokenizer(file)
     state = gguf.llama_state_dict(file, config)
     with torch.device("meta"):  # shapes only: the weights come from the file, not from a random init
