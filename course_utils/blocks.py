@@ -8,11 +8,13 @@ of the feed-forward network (``d_ff``, 4·D by default).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_utils.attention import MultiHeadAttention
+from course_utils.attention import Cache, MultiHeadAttention
 from course_utils.config import ACTIVATIONS, NORMS
 
 
@@ -108,7 +110,7 @@ class LayerNorm(nn.Module):
 class RMSNorm(nn.Module):
     """RMSNorm(x)_i = γ_i x_i / √(mean_j x_j² + ε): no mean subtracted, no shift β.
 
-    ``forward`` calls PyTorch's ``F.rms_norm``, which computes ``rms_norm`` above (lesson 09 checks it).
+    ``forward`` calls PyTorch's ``F.rms_norm``, which computes ``rms_norm`` above (lesson 04 checks it).
     """
 
     def __init__(self, d: int, eps: float = 1e-6) -> None:
@@ -162,7 +164,7 @@ class TransformerBlock(nn.Module):
         self.dropout = nn.Dropout(dropout)  # on the attention output, as GPT-2/BERT do (the FFN has its own)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False,
-                kv_cache=None) -> torch.Tensor:
+                kv_cache: Cache | None = None) -> torch.Tensor:
         """(B, T, D) -> (B, T, D). ``mask``/``causal``/``kv_cache`` go to the attention."""
         def attend(h: torch.Tensor) -> torch.Tensor:
             return self.dropout(self.attn(h, mask=mask, causal=causal, kv_cache=kv_cache))
@@ -170,7 +172,7 @@ class TransformerBlock(nn.Module):
         x = self._sublayer(x, attend, self.norm1)
         return x if self.ffn is None else self._sublayer(x, self.ffn, self.norm2)
 
-    def _sublayer(self, x: torch.Tensor, f, norm: nn.Module) -> torch.Tensor:
+    def _sublayer(self, x: torch.Tensor, f: Callable[[torch.Tensor], torch.Tensor], norm: nn.Module) -> torch.Tensor:
         """Pre-LN x + f(norm(x)) or post-LN norm(x + f(x)); without the residual, "x +" is dropped."""
         if self.norm_first:
             out = f(norm(x))

@@ -71,11 +71,12 @@ def test_rounds_alternate_the_order_and_the_ratio_is_the_median_of_pairs(monkeyp
 
 
 def test_without_rounds_as_many_as_fit_in_the_seconds(monkeypatch):
-    # the timed warm-up round takes 0.2 + 0.3 s, so 10 s hold 20 rounds
-    fake_trainers(monkeypatch, [0.0, 0.2] + [0.2] * 20, [0.0, 0.3] + [0.3] * 20)
-    assert bench.compare(bench.SIZES["tiny"], 1, seconds=10.0).rounds == 20
-    fake_trainers(monkeypatch, [0.0, 0.2] + [0.2] * 11, [0.0, 0.3] + [0.3] * 11)
-    assert bench.compare(bench.SIZES["tiny"], 1, seconds=0.1).rounds == bench.MIN_ROUNDS
+    # the timed warm-up round takes 0.2 + 0.3 s, so 20 s hold 40 rounds
+    fake_trainers(monkeypatch, [0.0, 0.2] + [0.2] * 40, [0.0, 0.3] + [0.3] * 40)
+    assert bench.compare(bench.SIZES["tiny"], 1, seconds=20.0).rounds == 40
+    # 10 s would hold 20 rounds: too few for a narrow interval, so MIN_ROUNDS (31) run
+    fake_trainers(monkeypatch, [0.0, 0.2] + [0.2] * 31, [0.0, 0.3] + [0.3] * 31)
+    assert bench.compare(bench.SIZES["tiny"], 1, seconds=10.0).rounds == bench.MIN_ROUNDS == 31
 
 
 def test_median_interval_has_its_stated_coverage():

@@ -131,8 +131,10 @@ class BenchResult:
     high: float
 
 
-SECONDS = 30.0  # timed seconds per size and thread count: about 250 rounds at the `cpu` size, 15 at `char`
-MIN_ROUNDS, MAX_ROUNDS = 11, 401
+SECONDS = 30.0  # timed seconds per size and thread count: about 250 rounds at the `cpu` size
+# at least 31 rounds, so that the 95% interval spans the 10th to the 22nd of them (with 11, the 2nd to the
+# 10th: about ±1% at `char`, too wide to tell 0.99 from 1.01); `char` then takes about 70 s on 1 thread
+MIN_ROUNDS, MAX_ROUNDS = 31, 401
 ROUNDS = 5  # --gpu and --llama-cpp: interleaved rounds unless --rounds says otherwise
 
 
@@ -259,7 +261,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="--cpu: thread counts (default 1 2); --llama-cpp: the first one")
     p.add_argument("--new-tokens", type=int, default=64, help="--llama-cpp: tokens to decode (default 64)")
     p.add_argument("--rounds", type=int, help=f"interleaved rounds (default: --cpu, as many as fit in about "
-                   f"{SECONDS:.0f} s per size and thread count; otherwise {ROUNDS})")
+                   f"{SECONDS:.0f} s per size and thread count, at least {MIN_ROUNDS}; otherwise {ROUNDS})")
     p.add_argument("--steps", type=int, help="training steps per model and round (default 1 with --cpu, 5 with "
                    "--gpu)")
     p.add_argument("--dry-run", action="store_true", help="--gpu: the same code on the CPU at a tiny size")
