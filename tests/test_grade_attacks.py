@@ -513,11 +513,24 @@ def test_hints_run_only_on_answers_of_bounded_size():
     assert calls == [5] and "hint" not in big.line and "hint: look again" in small.line
 
 
+def test_a_run_report_is_cut_to_what_the_grader_reads_and_round_trips():
+    """1,500 errors of 600 characters (under the 1 MiB read limit) come back as 1,000 of 500."""
+    from course_tools.grading.job import ERROR_CHARS, REPORT_BYTES, REPORTED_ERRORS, RunReport
+
+    raw = json.dumps({"status": "finished", "errors": {str(i): "x" * 600 for i in range(1500)}}).encode()
+    assert len(raw) < REPORT_BYTES
+    report = RunReport.read(raw)
+    assert report.status == "finished" and len(report.errors) == REPORTED_ERRORS == 1000
+    assert {len(text) for text in report.errors.values()} == {ERROR_CHARS} == {500}
+    sent = RunReport("timeout", {"3": "ValueError: no"})
+    assert RunReport.read(sent.to_json()) == sent
+
+
 @pytest.mark.parametrize("raw", [None, b"\0garbage{", b"[]", b'{"status": "finished", "errors": []}',
                                  b'{"status": ["finished"]}', b"[" * 100_000])
 def test_a_garbled_run_report_means_a_crashed_notebook(raw):
-    from course_tools.grading.channel import run_report
+    from course_tools.grading.job import RunReport
 
-    report = run_report(raw)
-    assert report["status"] in ("crashed", "finished") and isinstance(report["errors"], dict)
-    assert report["status"] == "crashed" or raw == b'{"status": "finished", "errors": []}'
+    report = RunReport.read(raw)
+    assert report.status in ("crashed", "finished") and isinstance(report.errors, dict)
+    assert report.status == "crashed" or raw == b'{"status": "finished", "errors": []}'

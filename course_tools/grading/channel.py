@@ -9,7 +9,6 @@ worker imports this module, and it should start fast.)
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import stat
@@ -96,14 +95,3 @@ def collect(proc: Popen, fd: int, deadline: float, cap: int) -> tuple[bytes, boo
             kept += len(chunks[-1])
 
 
-def run_report(raw: bytes | None) -> dict:
-    """The worker's report, checked: {"status": finished|timeout|crashed, "errors": {index: text}}."""
-    try:
-        report = json.loads(raw) if raw is not None and len(raw) < 2**20 else None
-    except (ValueError, RecursionError):
-        report = None
-    if not isinstance(report, dict) or report.get("status") not in ("finished", "timeout", "crashed"):
-        return {"status": "crashed", "errors": {}}
-    errors = report.get("errors")
-    errors = {str(k)[:16]: str(v)[:500] for k, v in list(errors.items())[:1000]} if isinstance(errors, dict) else {}
-    return {"status": report["status"], "errors": errors}

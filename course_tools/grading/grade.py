@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +35,8 @@ import torch
 
 from course_tools import messages
 from course_tools.exercises import checks
-from course_tools.grading import channel, results, shortcuts, submission
-from course_tools.grading.job import Limits
+from course_tools.grading import results, shortcuts, submission
+from course_tools.grading.job import Limits, RunReport
 from course_tools.grading.report import PENDING, ExerciseScore, Gradebook, Submission, table
 from course_tools.grading.sandbox import Caps, Sandbox, SandboxError
 from course_tools.grading.submission import SubmissionError
@@ -146,17 +146,17 @@ def score(name: str, max_points: float, cases: list[checks.Case], loaded: dict, 
     return ExerciseScore(name, points, max_points, verdict, [o.line for o in outcomes])
 
 
-def score_exercise(name: str, job: Job, files: dict[str, bytes], run: dict, killed: bool,
+def score_exercise(name: str, job: Job, files: dict[str, bytes], run: RunReport, killed: bool,
                    checked: dict[str, dict | results.ContractError]) -> ExerciseScore:
     """Score one exercise from what the sandbox sent back (or did not), checked by ``results.check_outputs``."""
     max_points = job.points[name]
     if name in job.problems:
         return ExerciseScore(name, 0, max_points, job.problems[name], ["  ✗ " + messages.say(job.problems[name])])
-    answer_error = run["errors"].get(str(job.answer_index.get(name)))
-    collect_error = run["errors"].get(str(job.collect_index[name]))
+    answer_error = run.errors.get(str(job.answer_index.get(name)))
+    collect_error = run.errors.get(str(job.collect_index[name]))
     data = files.get(f"{name}.pt")
     if data is None:
-        timed_out = killed or run["status"] == "timeout"
+        timed_out = killed or run.status == "timeout"
         if (collect_error or "").startswith("KeyboardInterrupt") or (timed_out and collect_error is None):
             return _timed_out(name, max_points)
         stopped = messages.marked("the notebook stopped before this exercise")
@@ -202,9 +202,9 @@ def grade_parsed(sub: Submission, parsed: submission.Parsed, base: nbformat.Note
                              shortcuts.pristine_sources(base))
     finally:
         shutil.rmtree(jobdir, ignore_errors=True)
-    run = channel.run_report(result.files.get("run.json"))
+    run = RunReport.read(result.files.get("run.json"))
     if result.killed:
-        run["status"] = "timeout"
+        run = replace(run, status="timeout")
     outputs = {f"{name}.pt": result.files[f"{name}.pt"] for name in job.points if f"{name}.pt" in result.files}
     checked = results.check_outputs(outputs, results.caps_for(sub.lesson), sandbox.host_paths())
     sub.exercises = [score_exercise(name, job, result.files, run, result.killed, checked) for name in job.points]
@@ -213,7 +213,7 @@ def grade_parsed(sub: Submission, parsed: submission.Parsed, base: nbformat.Note
         sub.flags.append(REFERENCE_FLAG)
     if shortcuts.apply(sub, parsed):
         sub.flags.append(shortcuts.FLAG)
-    sub.status = overall_status(sub, job, run["status"])
+    sub.status = overall_status(sub, job, run.status)
 
 
 @dataclass

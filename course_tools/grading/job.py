@@ -1,5 +1,6 @@
-"""The grader–worker contract: what ``job.json`` holds, defined once, written by the grader and
-read by the worker; and the time and output limits of a grading run, with their defaults.
+"""The grader–worker contract, both ways: what ``job.json`` holds (``JobSpec``, written by the grader,
+read by the worker), what ``run.json`` says back (``RunReport``, written by the worker, read and
+checked by the grader); and the time and output limits of a grading run, with their defaults.
 
 (No torch here: the worker imports this module, and it should start fast.)
 """
@@ -79,3 +80,36 @@ class JobSpec:
         if not all(k in RLIMIT_NAMES and type(v) is int for k, v in data["rlimits"].items()):
             raise ValueError(f"{path}: job field rlimits must map {RLIMIT_NAMES} to integers")
         return cls(**data)
+
+
+RUN_STATUSES = ("finished", "timeout", "crashed")
+REPORT_BYTES, REPORTED_ERRORS, ERROR_CHARS = 2**20, 1000, 500  # what the grader reads of a report at most
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """How the notebook run ended (``RUN_STATUSES``) and each cell that raised: its index -> "Type: message"
+    (``JOBDIR``'s ``run.json``, sent back through the results channel)."""
+
+    status: str
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def read(cls, raw: bytes | None) -> RunReport:
+        """The report as the grader may use it. The worker shares its sandbox with the learner's code, so
+        the bytes are untrusted: anything but a well-formed report reads as a crashed notebook, and the
+        errors are cut to ``REPORTED_ERRORS`` of ``ERROR_CHARS`` characters."""
+        try:
+            data = json.loads(raw) if raw is not None and len(raw) < REPORT_BYTES else None
+        except (ValueError, RecursionError):
+            data = None
+        if not isinstance(data, dict) or data.get("status") not in RUN_STATUSES:
+            return cls("crashed")
+        errors = data.get("errors")
+        if not isinstance(errors, dict):
+            errors = {}
+        kept = list(errors.items())[:REPORTED_ERRORS]
+        return cls(data["status"], {str(k)[:16]: str(v)[:ERROR_CHARS] for k, v in kept})

@@ -21,7 +21,6 @@ detail of a sandbox failure goes to the instructor's log (the ``course_tools.gra
 from __future__ import annotations
 
 import glob
-import json
 import logging
 import os
 import shutil
@@ -32,11 +31,11 @@ import tempfile
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from course_tools.grading import channel, export, results, seccomp
-from course_tools.grading.job import JobSpec, Limits
+from course_tools.grading.job import JobSpec, Limits, RunReport
 
 ROOT = Path(__file__).resolve().parents[2]
 LOG = logging.getLogger("course_tools.grading")
@@ -429,9 +428,8 @@ class Sandbox:
             if group:
                 group.remove()
         files = channel.decode(stream)
-        report = channel.run_report(files.get("run.json"))
-        report["errors"] = {k: self.public(v) for k, v in report["errors"].items()}
-        files["run.json"] = json.dumps(report).encode()
+        report = RunReport.read(files.get("run.json"))
+        files["run.json"] = replace(report, errors={k: self.public(v) for k, v in report.errors.items()}).to_json()
         return RunResult(files, killed)
 
 

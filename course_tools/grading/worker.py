@@ -23,7 +23,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 
 from course_tools.grading import channel, seccomp
-from course_tools.grading.job import JobSpec
+from course_tools.grading.job import JobSpec, RunReport
 from course_tools.grading.submission import GRADER_CELL
 from course_tools.notebook_exec import CurrentEnvKernelManager, execute, make_client
 
@@ -144,8 +144,8 @@ def main(jobdir: Path) -> int:
         status = run_notebook(nb, job)
     except Exception:  # e.g. the kernel never came up: the grader reports the notebook as crashed
         status = "crashed"
-    report = {"status": status, "errors": cell_errors(nb)}
-    files = {**outputs(jobdir / "out"), "run.json": json.dumps(report).encode()}
+    report = RunReport(status, cell_errors(nb))
+    files = {**outputs(jobdir / "out"), "run.json": report.to_json()}
     channel.send(job.channel_fd, files)
     return 0
 
