@@ -110,6 +110,8 @@ def check_every_page(page, base: str, names: list[str], errors: list[str] | None
             page.goto(base + name, wait_until="networkidle", timeout=60_000)
         except Exception as exc:  # noqa: BLE001 - Playwright's TimeoutError
             problems.append(f"{name}: {str(exc).splitlines()[0]}")
+            problems += [f"{name}: {error}" for error in errors]
+            errors.clear()
             continue
         if page.locator(".jupyter-widgets, script[type='application/vnd.jupyter.widget-view+json']").count():
             page.wait_for_timeout(1500)  # the widget manager renders after the load, in its own time

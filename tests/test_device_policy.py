@@ -121,6 +121,8 @@ def test_no_lesson_or_module_has_a_device_policy_of_its_own():
             if "cuda.is_available()" in code:
                 offenders.append(str(path.relative_to(ROOT)))
     assert offenders == [], "use runtime.device() instead"
+    tuning = (ROOT / "course_tools" / "cli" / "tuning.py").read_text()
+    assert tuning.count("cuda.is_available()") == 1  # only setup_distributed's per-process GPU under torchrun
 
 
 def test_exact_arithmetic_falls_back_to_float32_only_on_mps():

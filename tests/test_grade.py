@@ -279,3 +279,18 @@ def test_question_answers_pass_the_kernel_side_as_values(tmp_path):
     assert loaded["answered"]["results"] == [{"status": "ok", "value": (2, 3, 5, 5)}]
     assert loaded["letter"]["results"] == [{"status": "ok", "value": "b"}]
     assert loaded["untouched"]["results"] == [{"status": "not attempted"}]
+
+
+def test_an_answer_the_kernel_side_cannot_carry_is_that_cases_error():
+    """A value ``plain`` cannot turn into tensors and numbers (a NumPy array of objects) is an error for
+    its case; the other cases of the exercise are still answered."""
+    import numpy as np
+
+    from course_tools.grading import kernel_side
+
+    def answer(kind: str):
+        return np.array([object()]) if kind == "objects" else torch.ones(2)
+
+    records = [kernel_side.one_case(answer, (kind,), {}) for kind in ("objects", "tensor")]
+    assert records[0]["status"] == "error" and records[0]["message"].startswith("TypeError")
+    assert records[1]["status"] == "ok" and torch.equal(records[1]["value"], torch.ones(2))

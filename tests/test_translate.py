@@ -180,10 +180,14 @@ def test_every_generated_file_names_its_source_and_command():
         first = nbformat.read(path, as_version=4).cells[0]
         assert first.id == banner.TAG and f"`solutions/{path.name}`" in first.source
         assert "`course assign`" in first.source
+        assert first.source.startswith("*Your copy to fill in."), path  # the learner's own copy: said first
     for path in sorted(ROOT.glob("*/ko/*.ipynb")):
         first = nbformat.read(path, as_version=4).cells[0]
         assert first.id == banner.TAG and "`course translate ko`" in first.source, path
         assert slides_type(first) == "skip"
+        fill_in = path.parent.parent.name == "exercises"
+        assert first.source.startswith("*여러분이 채워 넣을 사본" if fill_in else "*`translations/ko/"), path
+        assert "Generated" not in first.source, path  # in Korean, like the rest of the edition
     for path in [ROOT / "README.ko.md", *sorted(ROOT.glob("*/*.ko.md")), *sorted(ROOT.glob("docs/pages/*.ko.md"))]:
         line = path.read_text(encoding="utf-8").splitlines()[0]
         assert line.startswith("<!-- Generated from `translations/ko/docs/") and "`course translate ko`" in line, path

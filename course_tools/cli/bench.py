@@ -142,7 +142,7 @@ def compare(size: BenchSize, threads: int, rounds: int | None = None, steps: int
             seconds: float = SECONDS) -> BenchResult:
     """Interleaved timing of the two models at ``size`` with ``threads`` PyTorch threads: ``rounds``
     rounds of ``steps`` steps of each model, the order alternating (ABBA). Without ``rounds``, as many
-    as fit in about ``seconds`` at the speed of the last warm-up steps (from 11 to 401)."""
+    as fit in about ``seconds`` at the speed of the last warm-up steps (from MIN_ROUNDS to MAX_ROUNDS)."""
     with torch_threads(threads):
         torch.manual_seed(0)
         ours, theirs = Trainer(course_model(size), size), Trainer(reference_model(size), size)

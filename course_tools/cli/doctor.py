@@ -57,7 +57,7 @@ def declared() -> dict[str, list[Requirement]]:
 
 def requirement_groups() -> dict[str, tuple[Requirement, list[str]]]:
     """Each package once per version range it is asked for in, with the extras that ask for it in that
-    range (empty: every lesson needs it). Keyed by the package's name, or ``name>=5,<6`` for a second
+    range (empty: every lesson needs it). Keyed by the package's name, or ``name<6,>=5`` for a second
     range (lesson 12 needs a newer transformers than lessons 06-09, so that is checked on its own)."""
     found: dict[str, tuple[Requirement, list[str]]] = {}
     for group, reqs in declared().items():

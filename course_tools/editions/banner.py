@@ -19,7 +19,7 @@ SENTENCES = {  # language -> (a notebook to read, an exercise notebook to fill i
            "*Your copy to fill in. (For maintainers: generated from {sources} by `{command}`; change the source "
            "and run `{command}` again.)*", " and "),
     "ko": ("*{sources}에서 `{command}`로 만든 파일입니다. 이 파일이 아니라 원본을 고친 뒤 `{command}`를 실행하세요.*",
-           "*여러분이 채워 넣을 사본입니다. (관리자용: {sources}에서 `{command}`로 만들었습니다. 원본을 고친 뒤 "
+           "*여러분이 채워 넣을 사본입니다. (개발자용: {sources}에서 `{command}`로 만들었습니다. 원본을 고친 뒤 "
            "`{command}`를 다시 실행하세요.)*", ", "),
 }
 

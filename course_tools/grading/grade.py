@@ -94,11 +94,11 @@ def _numel(value: Any) -> int:
 def judge_case(ex: checks.Exercise, case: checks.Case, result: Any) -> checks.Outcome:
     """One case's record from the learner's kernel, judged against the reference computed here."""
     status = result.get("status") if isinstance(result, dict) else None
-    if status == "not attempted":
+    if status == checks.ATTEMPT_NONE:
         return checks.not_attempted(case)
-    if status == "error":
+    if status == checks.ATTEMPT_ERROR:
         return checks.raised(case, clean(result.get("message"), 300))
-    if status != "ok":
+    if status != checks.ATTEMPT_OK:
         return checks.Outcome(checks.ERROR, f"  ✗ {messages.say(case.label)}: " + messages.fill("malformed result"))
     expected = checks.call(ex.reference, case)
     got = result.get("value")

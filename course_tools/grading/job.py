@@ -88,8 +88,9 @@ REPORT_BYTES, REPORTED_ERRORS, ERROR_CHARS = 2**20, 1000, 500  # what the grader
 
 @dataclass(frozen=True)
 class RunReport:
-    """How the notebook run ended (``RUN_STATUSES``) and each cell that raised: its index -> "Type: message"
-    (``JOBDIR``'s ``run.json``, sent back through the results channel)."""
+    """How the notebook run ended (``RUN_STATUSES``) and each cell that raised: its index -> "Type: message".
+    The worker builds it and sends it as the results channel's entry ``run.json`` (a file of that name
+    that the learner's code writes to ``out/`` is replaced by it)."""
 
     status: str
     errors: dict[str, str] = field(default_factory=dict)

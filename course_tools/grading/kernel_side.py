@@ -41,7 +41,10 @@ def one_case(fn: Callable, args: tuple, kwargs: dict) -> dict:
     (``checks.attempt``): ok with its value, not attempted, or an error with its one line."""
     status, value = checks.attempt(fn, args, kwargs)
     if status == checks.ATTEMPT_OK:
-        return {"status": status, "value": plain(value)}
+        try:  # e.g. a NumPy array of objects: that case is an error, the exercise's other cases still count
+            return {"status": status, "value": plain(value)}
+        except Exception as exc:
+            status, value = checks.ATTEMPT_ERROR, checks.error_line(exc)
     if status == checks.ATTEMPT_ERROR:
         return {"status": status, "message": value[:MESSAGE_CHARS]}
     return {"status": status}
