@@ -167,9 +167,13 @@ def fingerprint(model: nn.Module) -> dict:
     config = getattr(model, "config", None)
     described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {}
     base = sum(p.numel() for name, p in model.named_parameters() if not name.endswith((".A", ".B")))
-    return {"config": {k: v for k, v in described.items()
-                       if k not in NOT_IDENTITY and isinstance(v, (int, float, str, bool, type(None)))},
-            "base_parameters": base}
+    plain = {k: v for k, v in described.items() if isinstance(v, (int, float, str, bool, type(None)))}
+    return {"config": _identity(plain), "base_parameters": base}
+
+
+def _identity(config: dict) -> dict:
+    """The fields of a described config that say which weights a model has (``NOT_IDENTITY`` left out)."""
+    return {k: v for k, v in config.items() if k not in NOT_IDENTITY}
 
 
 def adapter_state(model: nn.Module) -> dict:
@@ -220,8 +224,7 @@ def load_adapter(model: nn.Module, path: str | os.PathLike) -> list[str]:
         raise AdapterError(f"{path} is not an adapter file of this course (format {ADAPTER_FORMAT}); "
                            "write one with lora.save_adapter")
     ours = fingerprint(model)
-    saved = {**state["model"], "config": {k: v for k, v in state["model"]["config"].items()
-                                          if k not in NOT_IDENTITY}}  # files written before NOT_IDENTITY held them
+    saved = {**state["model"], "config": _identity(state["model"]["config"])}  # older files list NOT_IDENTITY too
     if saved != ours:
         raise AdapterError(f"{path} was saved for another model ({_first_difference(saved, ours)}); "
                            "load it into the model it was trained on")

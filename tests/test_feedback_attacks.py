@@ -27,6 +27,7 @@ from test_grade import EXERCISE, LESSON, SOLUTION
 from course_tools.cli import main
 from course_tools.exercises import checks
 from course_tools.grading import channel, grade, report
+from course_tools.grading.job import RunReport
 from course_tools.grading.report import ExerciseScore, Gradebook, Submission, feedback_markdown, gradebook_csv
 from course_tools.grading.sandbox import RunResult
 from course_tools.grading.text import clean, file_name, redact
@@ -78,8 +79,7 @@ class Hostile:
         files = {f"{name}.pt": results_file([{"status": "error", "message": self.message}]
                                             * len(torch.load(jobdir / "inputs" / f"{name}.pt", weights_only=True)))
                  for name in names}
-        files["run.json"] = json.dumps({"status": "finished", "errors": {}}).encode()
-        return RunResult(files, killed=False)
+        return RunResult(files, RunReport("finished"), killed=False)
 
 
 @pytest.fixture

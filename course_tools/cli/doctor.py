@@ -64,13 +64,8 @@ def requirement_groups() -> dict[str, tuple[Requirement, list[str]]]:
         for req in reqs:
             if req.name == DIST:  # an extra made of other extras
                 continue
-            same = [k for k, (r, _) in found.items() if r.name == req.name and r.specifier == req.specifier]
-            if same:
-                key = same[0]
-            elif any(r.name == req.name for r, _ in found.values()):
-                key = f"{req.name}{req.specifier}"
-            else:
-                key = req.name
+            first = found.get(req.name)
+            key = req.name if first is None or first[0].specifier == req.specifier else f"{req.name}{req.specifier}"
             if key not in found:
                 found[key] = (req, [])
             if group:

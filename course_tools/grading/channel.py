@@ -93,5 +93,3 @@ def collect(proc: Popen, fd: int, deadline: float, cap: int) -> tuple[bytes, boo
         if kept < cap:  # beyond the cap the stream is drained and dropped
             chunks.append(data[: cap - kept])
             kept += len(chunks[-1])
-
-

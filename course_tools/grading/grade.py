@@ -202,9 +202,7 @@ def grade_parsed(sub: Submission, parsed: submission.Parsed, base: nbformat.Note
                              shortcuts.pristine_sources(base))
     finally:
         shutil.rmtree(jobdir, ignore_errors=True)
-    run = RunReport.read(result.files.get("run.json"))
-    if result.killed:
-        run = replace(run, status="timeout")
+    run = replace(result.report, status="timeout") if result.killed else result.report
     outputs = {f"{name}.pt": result.files[f"{name}.pt"] for name in job.points if f"{name}.pt" in result.files}
     checked = results.check_outputs(outputs, results.caps_for(sub.lesson), sandbox.host_paths())
     sub.exercises = [score_exercise(name, job, result.files, run, result.killed, checked) for name in job.points]

@@ -237,7 +237,8 @@ class Cgroup:
 
 @dataclass
 class RunResult:
-    files: dict[str, bytes]
+    files: dict[str, bytes]  # what the worker sent back: the exercises' outputs (NAME.pt)
+    report: RunReport  # its run.json, checked, with host paths in the errors made public
     killed: bool  # ran past the wall-clock limit and was ended from outside
 
 
@@ -428,9 +429,8 @@ class Sandbox:
             if group:
                 group.remove()
         files = channel.decode(stream)
-        report = RunReport.read(files.get("run.json"))
-        files["run.json"] = replace(report, errors={k: self.public(v) for k, v in report.errors.items()}).to_json()
-        return RunResult(files, killed)
+        report = RunReport.read(files.pop("run.json", None))
+        return RunResult(files, replace(report, errors={k: self.public(v) for k, v in report.errors.items()}), killed)
 
 
 def _remove_all(folders: dict) -> None:
