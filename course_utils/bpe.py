@@ -62,7 +62,7 @@ def _best_pair(counts: dict[tuple[int, int], int]) -> tuple[int, int]:
 class BPETokenizer:
     """A byte-level BPE tokenizer: ``merges[k]`` is the pair that became token ``256 + k``."""
 
-    kind = "bpe"  # recorded by ``to_dict``; ``tokenize.load_tokenizer`` dispatches on it
+    kind = "bpe"  # recorded by ``to_dict``; ``tokenizer.load_tokenizer`` dispatches on it
 
     def __init__(self, merges: Iterable[Sequence[int]] = ()) -> None:
         self.merges: list[tuple[int, int]] = []

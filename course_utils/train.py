@@ -31,7 +31,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from course_utils import counting, gpt, runtime
-from course_utils.tokenize import Tokenizer, load_tokenizer
+from course_utils.tokenizer import Tokenizer, load_tokenizer
 
 CHECKPOINT = "ckpt.pt"
 

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from course_utils.cpu_threads import torch_threads
 from course_utils.sampling import AliasTable
-from course_utils.tokenize import Vocab
+from course_utils.tokenizer import Vocab
 
 
 @dataclass
@@ -256,7 +256,7 @@ def encode_sentences(sentences: Sequence[Sequence[str]], vocab: Vocab) -> tuple[
 def train_sgns(sentences: Sequence[Sequence[str]], config: Word2VecConfig | None = None,
                log_every: int = 200, progress: bool = True, device: torch.device | str = "cpu",
                threads: int | None = 1) -> SGNSResult:
-    """Train SGNS on tokenised sentences (lists of words), e.g. ``tokenize.sentences(text)``.
+    """Train SGNS on tokenised sentences (lists of words), e.g. ``tokenizer.sentences(text)``.
 
     Each epoch subsamples the text afresh, builds all (centre, context) pairs with a dynamic
     window, shuffles them, and runs SGD over batches with K fresh negatives per pair. The
@@ -268,7 +268,7 @@ def train_sgns(sentences: Sequence[Sequence[str]], config: Word2VecConfig | None
     config = config or Word2VecConfig()
     if not sentences or isinstance(sentences[0], str):
         raise ValueError("train_sgns() takes a list of sentences, each a list of words; "
-                         "use course_utils.tokenize.sentences(text)")
+                         "use course_utils.tokenizer.sentences(text)")
     with torch_threads(threads):
         return _train_sgns(sentences, config, log_every, progress, device)
 

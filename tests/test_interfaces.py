@@ -149,3 +149,20 @@ def test_no_two_public_things_share_a_name():
                     and obj.__module__ == module.__name__:
                 homes.setdefault(name, []).append(info.name)
     assert {name: where for name, where in homes.items() if len(where) > 1} == {}
+
+
+def test_no_module_is_named_like_the_standard_library():
+    """A file ``course_utils/tokenize.py`` (as the tokenizers' module once was) is imported in place of
+    the standard library's ``tokenize`` by any script run from inside its folder, and ``linecache``,
+    ``inspect`` and tracebacks import that one. Every module and subpackage of both packages is checked."""
+    import pkgutil
+    import sys
+
+    import course_tools
+    import course_utils
+
+    clashes = [info.name
+               for package in (course_utils, course_tools)
+               for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}.")
+               if info.name.rsplit(".", 1)[-1] in sys.stdlib_module_names]
+    assert clashes == [], f"rename {clashes}: each shadows a standard-library module"

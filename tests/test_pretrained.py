@@ -9,7 +9,7 @@ import torch
 from course_tools import shipped_model as build
 from course_utils import data, pretrained
 from course_utils.generate import generate
-from course_utils.tokenize import words
+from course_utils.tokenizer import words
 
 NAME = "shakespeare_char_small"
 

@@ -12,7 +12,7 @@ import torch
 from course_tools.cli import main as course
 from course_utils import train as T
 from course_utils.gpt import GPT, GPTConfig
-from course_utils.tokenize import CharTokenizer
+from course_utils.tokenizer import CharTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXT = ("ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n"

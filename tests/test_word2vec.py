@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from course_utils import tokenize
+from course_utils import tokenizer
 from course_utils import word2vec as w2v
 from course_utils.sampling import AliasTable
 
@@ -153,7 +153,7 @@ def test_read_benchmarks():
 
 @pytest.fixture(scope="module")
 def lee_sentences():
-    return tokenize.sentences(w2v.benchmark_file("lee_background.cor").read_text(encoding="utf-8"))
+    return tokenizer.sentences(w2v.benchmark_file("lee_background.cor").read_text(encoding="utf-8"))
 
 
 def test_evaluation_matches_gensim(lee_sentences):
@@ -195,7 +195,7 @@ def test_train_is_deterministic_and_learns(lee_sentences):
 
 
 def test_train_and_config_errors():
-    with pytest.raises(ValueError, match="tokenize.sentences"):
+    with pytest.raises(ValueError, match="tokenizer.sentences"):
         w2v.train_sgns(["to", "be"])
     with pytest.raises(ValueError, match="window must be a positive integer"):
         w2v.Word2VecConfig(window=0)

@@ -18,7 +18,7 @@ from course_tools.cli import tuning
 from course_tools.cli.errors import USER_ERRORS, fail
 from course_utils import counting, data, gpt, train
 from course_utils.bpe import BPETokenizer
-from course_utils.tokenize import CharTokenizer, Tokenizer, load_tokenizer
+from course_utils.tokenizer import CharTokenizer, Tokenizer, load_tokenizer
 
 PROG = "course train"
 

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from course_utils import data, gguf, gpt
 from course_utils.bpe import PretrainedBPETokenizer
 from course_utils.data import sha256_of
-from course_utils.tokenize import Tokenizer, load_tokenizer
+from course_utils.tokenizer import Tokenizer, load_tokenizer
 
 FOLDER = Path(__file__).resolve().parent
 SLICE_WINDOWS = 512  # the fixed slice: the first 512 windows of T characters of the validation part

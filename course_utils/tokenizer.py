@@ -10,6 +10,9 @@ instead (``CharTokenizer``) or byte-pair pieces (``BPETokenizer``, from ``course
 Both of those follow one interface, ``Tokenizer``: ``encode``, ``decode``, ``vocab_size``, and
 ``to_dict()`` -> plain lists and strings tagged with the tokenizer's ``kind``, which is what a
 checkpoint stores; ``load_tokenizer(state)`` rebuilds the right class from that ``kind``.
+
+The module is ``tokenizer``, not ``tokenize``: a file named like a standard-library module would be
+imported in its place by any script run from inside this folder.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ import io
 import pytest
 import torch
 
-from course_utils import bpe, tokenize
-from course_utils.tokenize import CharTokenizer, Vocab, sentences, words
+from course_utils import bpe, tokenizer
+from course_utils.tokenizer import CharTokenizer, Vocab, sentences, words
 
 
 def test_words_lowercase_and_punctuation():
@@ -93,22 +93,22 @@ def test_char_tokenizer_errors():
 def test_both_tokenizers_round_trip_through_one_interface():
     text = "O Romeo, Romeo! wherefore art thou Romeo?\n트랜스포머 🙂\n" * 20
     for tok in (CharTokenizer(text), bpe.BPETokenizer.train(text, 300)):
-        assert isinstance(tok, tokenize.Tokenizer)
+        assert isinstance(tok, tokenizer.Tokenizer)
         state = tok.to_dict()
         assert state["kind"] == tok.kind
         buffer = io.BytesIO()
         torch.save(state, buffer)  # plain data: loads with weights_only=True
         buffer.seek(0)
-        again = tokenize.load_tokenizer(torch.load(buffer, weights_only=True))
+        again = tokenizer.load_tokenizer(torch.load(buffer, weights_only=True))
         assert type(again) is type(tok) and again.vocab_size == tok.vocab_size
         assert again.encode(text) == tok.encode(text) and again.decode(tok.encode(text)) == text
 
 
 def test_load_tokenizer_dispatches_on_kind_only():
-    assert tokenize.load_tokenizer({"kind": "char", "chars": "ba"}).encode("ab") == [0, 1]
+    assert tokenizer.load_tokenizer({"kind": "char", "chars": "ba"}).encode("ab") == [0, 1]
     for state in ({"kind": "sentencepiece"}, {"chars": "ab"}, "char"):
         with pytest.raises(ValueError, match="unknown tokenizer kind"):
-            tokenize.load_tokenizer(state)
+            tokenizer.load_tokenizer(state)
     with pytest.raises(ValueError, match="not a character tokenizer"):
         CharTokenizer.from_dict({"kind": "bpe", "merges": []})
-    assert not isinstance(object(), tokenize.Tokenizer)
+    assert not isinstance(object(), tokenizer.Tokenizer)
