@@ -227,3 +227,31 @@ def test_links_to_other_course_files_become_their_text_on_a_slide():
     text = slides.for_the_hall(nb).cells[1].source
     assert text == ("Do `exercises/ko/09.ipynb`, read [the paper](https://arxiv.org/abs/1706.03762), see [above](#top)"
                     " and ![a figure](attachment:fig.png).")
+
+
+class _Ran:
+    def __init__(self, stdout: str) -> None:
+        self.stdout = stdout
+
+
+@pytest.mark.parametrize("families, expected", [("", "apt-get install fonts-nanum"), ("NanumGothic,나눔고딕\n", None)])
+def test_a_korean_deck_says_when_no_font_has_hangul(monkeypatch, families, expected):
+    asked = []
+    monkeypatch.setattr(slides.shutil, "which", lambda program: f"/usr/bin/{program}")
+    monkeypatch.setattr(slides.subprocess, "run", lambda cmd, **kw: asked.append(cmd) or _Ran(families))
+    note = slides.missing_font("ko")
+    assert asked == [["fc-list", ":lang=ko", "family"]]
+    assert note is None if expected is None else expected in note and "Hangul" in note
+
+
+def test_no_font_note_for_english_nor_without_fontconfig(monkeypatch):
+    monkeypatch.setattr(slides.subprocess, "run", lambda *a, **kw: pytest.fail("nothing to ask"))
+    assert slides.missing_font("en") is None
+    monkeypatch.setattr(slides.shutil, "which", lambda program: None)
+    assert slides.missing_font("ko") is None
+
+
+def test_this_machine_is_asked_for_real():
+    """fontconfig itself, where it is installed: a note or None, never an error."""
+    note = slides.missing_font("ko")
+    assert note is None or note.startswith("note: no font on this machine has Hangul letters")
