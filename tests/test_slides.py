@@ -3,6 +3,8 @@ taller than the canvas scrolls within two screens), and a built deck is a lectur
 from outside its folder, and at 1280 x 720 its text is at least 24 px and its figures as wide as the slide."""
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -230,28 +232,30 @@ def test_links_to_other_course_files_become_their_text_on_a_slide():
 
 
 class _Ran:
-    def __init__(self, stdout: str) -> None:
-        self.stdout = stdout
+    def __init__(self, stdout: str, returncode: int = 0) -> None:
+        self.stdout, self.returncode = stdout, returncode
 
 
-@pytest.mark.parametrize("families, expected", [("", "apt-get install fonts-nanum"), ("NanumGothic,나눔고딕\n", None)])
-def test_a_korean_deck_says_when_no_font_has_hangul(monkeypatch, families, expected):
+@pytest.mark.parametrize("families, code, expected", [("", 0, "apt-get install fonts-nanum"),
+                                                      ("NanumGothic,나눔고딕\n", 0, None),
+                                                      ("", 1, None)])  # fontconfig failed: no verdict
+def test_a_deck_with_hangul_says_when_no_font_has_it(monkeypatch, families, code, expected):
     asked = []
     monkeypatch.setattr(slides.shutil, "which", lambda program: f"/usr/bin/{program}")
-    monkeypatch.setattr(slides.subprocess, "run", lambda cmd, **kw: asked.append(cmd) or _Ran(families))
-    note = slides.missing_font("ko")
+    monkeypatch.setattr(slides.subprocess, "run", lambda cmd, **kw: asked.append(cmd) or _Ran(families, code))
+    note = slides.missing_font("<p>이천이십육</p>")
     assert asked == [["fc-list", ":lang=ko", "family"]]
     assert note is None if expected is None else expected in note and "Hangul" in note
 
 
-def test_no_font_note_for_english_nor_without_fontconfig(monkeypatch):
+def test_no_font_is_asked_for_without_hangul_nor_without_fontconfig(monkeypatch):
     monkeypatch.setattr(slides.subprocess, "run", lambda *a, **kw: pytest.fail("nothing to ask"))
-    assert slides.missing_font("en") is None
+    assert slides.missing_font("<p>Read 2026 in Sino-Korean.</p>") is None
     monkeypatch.setattr(slides.shutil, "which", lambda program: None)
-    assert slides.missing_font("ko") is None
+    assert slides.missing_font("<p>이천이십육</p>") is None
 
 
-def test_this_machine_is_asked_for_real():
-    """fontconfig itself, where it is installed: a note or None, never an error."""
-    note = slides.missing_font("ko")
-    assert note is None or note.startswith("note: no font on this machine has Hangul letters")
+@pytest.mark.skipif(shutil.which("fc-list") is None, reason="no fontconfig on this machine")
+def test_the_note_follows_this_machines_fontconfig():
+    found = subprocess.run(["fc-list", ":lang=ko", "family"], capture_output=True, text=True).stdout.strip()
+    assert (slides.missing_font("이천이십육") is None) == bool(found)

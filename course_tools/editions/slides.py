@@ -35,9 +35,9 @@ FONT_PX, CODE_PX = 26, 25  # prose and code (and text output) in canvas pixels: 
 FIGURE_PX = 560  # the tallest a figure is drawn; as wide as the slide otherwise
 IMAGE_LINES = 14  # a figure takes about as much height as this many lines of code
 BUDGET = 18  # the lines (prose + code + text output + figures) that fit on the canvas at CODE_PX
-# a deck's text is drawn with the fonts of the machine that shows it (only the Latin font is bundled);
-# an edition whose letters no installed font has shows boxes: language -> (its script, fontconfig's code)
-SCRIPTS = {"ko": ("Hangul", "ko")}
+# a deck's text is drawn with the fonts of the machine that shows it (only the Latin font is bundled), so
+# letters that no installed font has show as boxes: script -> (its letters, a fontconfig language that uses it)
+SCRIPTS = {"Hangul": (re.compile("[\u1100-\u11ff\u3130-\u318f\uac00-\ud7a3]"), "ko")}
 
 
 def slide_type(cell: nbformat.NotebookNode) -> str:
@@ -194,22 +194,23 @@ def build_slides(path: Path, out_dir: Path) -> Path:
     return target
 
 
-def missing_font(lang: str) -> str | None:
-    """A one-line note when this machine has no font for the letters of edition `lang`, asked of
-    fontconfig (`fc-list :lang=ko`); None when the edition needs no other script, when a font is found,
-    or where there is no fontconfig to ask (Windows and macOS, which ship Korean fonts)."""
-    if lang not in SCRIPTS or shutil.which("fc-list") is None:
-        return None
-    script, code = SCRIPTS[lang]
-    try:
-        found = subprocess.run(["fc-list", f":lang={code}", "family"], capture_output=True, text=True,
-                               timeout=30).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if found:
-        return None
-    return (f"note: no font on this machine has {script} letters (fc-list :lang={code} finds none), so the deck "
-            "shows boxes here; install one (e.g. apt-get install fonts-nanum) or show it on a machine that has one")
+def missing_font(text: str) -> str | None:
+    """A one-line note when `text` (a deck) has letters of a script in SCRIPTS that no font on this machine
+    has, asked of fontconfig (`fc-list :lang=ko`): the Korean edition, and the Hangul readings that English
+    lessons show too. None when there are no such letters, when a font is found, or where there is no
+    fontconfig to ask or it fails (Windows and macOS, which ship Korean fonts, have none)."""
+    for script, (letters, code) in SCRIPTS.items():
+        if not letters.search(text) or shutil.which("fc-list") is None:
+            continue
+        try:
+            ran = subprocess.run(["fc-list", f":lang={code}", "family"], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if ran.returncode == 0 and not ran.stdout.strip():
+            return (f"note: no font on this machine has {script} letters (fc-list :lang={code} finds none), so "
+                    "the deck shows them as boxes here; install one (e.g. apt-get install fonts-nanum) or show "
+                    "it on a machine that has one")
+    return None
 
 
 def main(args: argparse.Namespace) -> int:
@@ -225,7 +226,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"warning: {path.name} {line} (one cell taller than the canvas: it scrolls)", file=sys.stderr)
     print(f"wrote {target} ({len(slides(nb))} slides; assets in {target.parent.parent / 'assets'}: "
           "the folder works offline)")
-    note = missing_font(args.lang)
+    note = missing_font(target.read_text(encoding="utf-8"))
     if note:
         print(note, file=sys.stderr)
     return 0
