@@ -231,18 +231,14 @@ def test_links_to_other_course_files_become_their_text_on_a_slide():
                     " and ![a figure](attachment:fig.png).")
 
 
-class _Ran:
-    def __init__(self, stdout: str, returncode: int = 0) -> None:
-        self.stdout, self.returncode = stdout, returncode
-
-
 @pytest.mark.parametrize("families, code, expected", [("", 0, "apt-get install fonts-nanum"),
                                                       ("NanumGothic,나눔고딕\n", 0, None),
                                                       ("", 1, None)])  # fontconfig failed: no verdict
 def test_a_deck_with_hangul_says_when_no_font_has_it(monkeypatch, families, code, expected):
     asked = []
     monkeypatch.setattr(slides.shutil, "which", lambda program: f"/usr/bin/{program}")
-    monkeypatch.setattr(slides.subprocess, "run", lambda cmd, **kw: asked.append(cmd) or _Ran(families, code))
+    monkeypatch.setattr(slides.subprocess, "run", lambda cmd, **kw: asked.append(cmd)
+                        or subprocess.CompletedProcess(cmd, code, families, ""))
     note = slides.missing_font("<p>이천이십육</p>")
     assert asked == [["fc-list", ":lang=ko", "family"]]
     assert note is None if expected is None else expected in note and "Hangul" in note

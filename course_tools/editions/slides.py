@@ -36,8 +36,8 @@ FIGURE_PX = 560  # the tallest a figure is drawn; as wide as the slide otherwise
 IMAGE_LINES = 14  # a figure takes about as much height as this many lines of code
 BUDGET = 18  # the lines (prose + code + text output + figures) that fit on the canvas at CODE_PX
 # a deck's text is drawn with the fonts of the machine that shows it (only the Latin font is bundled), so
-# letters that no installed font has show as boxes: script -> (its letters, a fontconfig language that uses it)
-SCRIPTS = {"Hangul": (re.compile("[\u1100-\u11ff\u3130-\u318f\uac00-\ud7a3]"), "ko")}
+# Hangul shows as boxes where no installed font has it: its jamo, compatibility jamo and syllables
+HANGUL = re.compile("[\u1100-\u11ff\u3130-\u318f\uac00-\ud7a3]")
 
 
 def slide_type(cell: nbformat.NotebookNode) -> str:
@@ -195,22 +195,20 @@ def build_slides(path: Path, out_dir: Path) -> Path:
 
 
 def missing_font(text: str) -> str | None:
-    """A one-line note when `text` (a deck) has letters of a script in SCRIPTS that no font on this machine
-    has, asked of fontconfig (`fc-list :lang=ko`): the Korean edition, and the Hangul readings that English
-    lessons show too. None when there are no such letters, when a font is found, or where there is no
-    fontconfig to ask or it fails (Windows and macOS, which ship Korean fonts, have none)."""
-    for script, (letters, code) in SCRIPTS.items():
-        if not letters.search(text) or shutil.which("fc-list") is None:
-            continue
-        try:
-            ran = subprocess.run(["fc-list", f":lang={code}", "family"], capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if ran.returncode == 0 and not ran.stdout.strip():
-            return (f"note: no font on this machine has {script} letters (fc-list :lang={code} finds none), so "
-                    "the deck shows them as boxes here; install one (e.g. apt-get install fonts-nanum) or show "
-                    "it on a machine that has one")
-    return None
+    """A one-line note when `text` (a deck) has Hangul and fontconfig finds no font with it (`fc-list
+    :lang=ko`): the Korean edition, and the Korean terms the English lessons give. None when there is no
+    Hangul, when a font is found, or where there is no fontconfig to ask or it fails (Windows and macOS,
+    which ship Korean fonts, have none)."""
+    if not HANGUL.search(text) or shutil.which("fc-list") is None:
+        return None
+    try:
+        ran = subprocess.run(["fc-list", ":lang=ko", "family"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if ran.returncode != 0 or ran.stdout.strip():
+        return None
+    return ("note: no font on this machine has Hangul letters (fc-list :lang=ko finds none), so the deck shows "
+            "them as boxes here; install one (e.g. apt-get install fonts-nanum) or show it on a machine that has one")
 
 
 def main(args: argparse.Namespace) -> int:
