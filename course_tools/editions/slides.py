@@ -5,7 +5,8 @@ metadata = "-", the same slide); cells tagged `slides-hide-input` show only thei
 Nothing is executed. A deck is made for a lecture hall without internet: `build/slides/assets/` beside
 the decks holds reveal.js and MathJax 3 (copied from the npm packages of `docs/package.json`, installed
 with `npm ci` on the first build), the page loads nothing else, and its type is large on a 1280 x 720
-canvas; a slide longer than the canvas holds is continued on a new (vertical) slide at a cell boundary.
+canvas; a cell taller than the canvas is cut into pieces (`slide_fit`), and a slide longer than the canvas
+holds is continued on a new (vertical) slide at a cell boundary, so that no slide has to scroll.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import nbformat
 
-from course_tools.editions import banner
+from course_tools.editions import banner, slide_fit
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = Path(__file__).resolve().parent / "slide_templates"  # course_reveal: nbconvert's reveal, offline
@@ -32,9 +33,7 @@ HIDE_INPUT_TAG = "slides-hide-input"
 STARTS = ("slide", "subslide")
 WIDTH, HEIGHT = 1280, 720  # the canvas, in pixels: a projector's 720p (reveal.js keeps a 4 % margin: scale 0.96)
 FONT_PX, CODE_PX = 26, 25  # prose and code (and text output) in canvas pixels: at least 24 px on a 1280 x 720 screen
-FIGURE_PX = 560  # the tallest a figure is drawn; as wide as the slide otherwise
-IMAGE_LINES = 14  # a figure takes about as much height as this many lines of code
-BUDGET = 18  # the lines (prose + code + text output + figures) that fit on the canvas at CODE_PX
+FIGURE_PX = slide_fit.FIGURE_PX  # the tallest a figure is drawn; as wide as the slide otherwise
 # a deck's text is drawn with the fonts of the machine that shows it (only the Latin font is bundled), so
 # Hangul shows as boxes where no installed font has it: its jamo, compatibility jamo and syllables
 HANGUL = re.compile("[\u1100-\u11ff\u3130-\u318f\uac00-\ud7a3]")
@@ -42,19 +41,6 @@ HANGUL = re.compile("[\u1100-\u11ff\u3130-\u318f\uac00-\ud7a3]")
 
 def slide_type(cell: nbformat.NotebookNode) -> str:
     return cell.metadata.get("slideshow", {}).get("slide_type", "-")
-
-
-def cell_lines(cell: nbformat.NotebookNode) -> int:
-    """Height of a cell on a slide, in lines: its source (unless hidden), text outputs, figures."""
-    hidden = HIDE_INPUT_TAG in cell.metadata.get("tags", [])
-    lines = 0 if hidden or not cell.source else len(cell.source.splitlines())
-    for out in cell.get("outputs", []):
-        data = out.get("data", {})
-        if any(k.startswith("image/") for k in data):
-            lines += IMAGE_LINES
-        else:
-            lines += len((out.get("text") or data.get("text/plain") or "").splitlines())
-    return lines
 
 
 def slides(nb: nbformat.NotebookNode) -> list[list[nbformat.NotebookNode]]:
@@ -70,25 +56,26 @@ def slides(nb: nbformat.NotebookNode) -> list[list[nbformat.NotebookNode]]:
     return groups
 
 
-def over_budget(nb: nbformat.NotebookNode, budget: int = BUDGET) -> list[str]:
-    """One line per slide over the budget, naming its first cell's id."""
-    return [f"slide {i} (cell {group[0].id}): {n} lines > {budget}"
-            for i, group in enumerate(slides(nb), 1) if (n := sum(map(cell_lines, group))) > budget]
+def too_tall(nb: nbformat.NotebookNode, canvas: int = slide_fit.CANVAS) -> list[str]:
+    """One line per slide still taller than the canvas (a single block or figure that cannot be cut)."""
+    return [f"slide {i} (cell {group[0].id}): about {n} px > {canvas}"
+            for i, group in enumerate(slides(nb), 1) if (n := sum(map(slide_fit.height, group))) > canvas]
 
 
-def paginated(nb: nbformat.NotebookNode, budget: int = BUDGET) -> nbformat.NotebookNode:
-    """`nb` with each slide that holds more than `budget` lines continued on a new subslide, at the first
-    cell boundary that would take it over (a single cell taller than the budget stays whole), and with
-    each heading that an author left inside a slide starting a subslide of its own (one idea per slide)."""
+def paginated(nb: nbformat.NotebookNode, page: int = slide_fit.PAGE) -> nbformat.NotebookNode:
+    """`nb` with each slide that is taller than `page` (canvas pixels, ``slide_fit.height``) continued on a new
+    subslide, at the first cell boundary that would take it over, and with each heading that an author left
+    inside a slide starting a subslide of its own (one idea per slide). ``for_the_hall`` has already cut every
+    cell taller than a page into pieces (``slide_fit.pieces``)."""
     for group in slides(nb):
-        lines = 0
+        used = 0
         for cell in group:
-            height = cell_lines(cell)
+            h = slide_fit.height(cell, HIDE_INPUT_TAG)
             heading = cell.cell_type == "markdown" and cell.source.startswith("#")
-            if lines and (lines + height > budget or heading):
+            if used and (used + h > page or heading):
                 cell.metadata.setdefault("slideshow", {})["slide_type"] = "subslide"
-                lines = 0
-            lines += height
+                used = 0
+            used += h
     return nb
 
 
@@ -144,8 +131,9 @@ LOCAL_LINK = re.compile(r"(?<!!)\[([^\]]*)\]\((?![a-z][a-z0-9+.-]*:|#)[^)]*\)")
 def for_the_hall(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     """What the audience sees of `nb`: no `# NBVAL_...` lines (instructions to the tests), no widgets (no
     kernel runs behind a slide; their printed static copies stay), links to the course's other files as their
-    text only (a deck is copied to the hall without them), and a title slide of the lesson's heading and the
-    first sentence after it (the first cell's goal, time and prerequisites are for readers)."""
+    text only (a deck is copied to the hall without them), a title slide of the lesson's heading and the
+    first sentence after it (the first cell's goal, time and prerequisites are for readers), each heading
+    starting a cell of its own, and every shown cell taller than a slide cut into pieces that fit."""
     banner.without(nb)  # "generated from ...": for editors, not for the audience
     for cell in nb.cells:
         if cell.cell_type == "markdown":
@@ -159,8 +147,15 @@ def for_the_hall(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     heading, _, rest = first.source.partition("\n")
     sentence = re.split(r"(?<=[.!?。])\s", rest.strip(), maxsplit=1)[0]
     first.source = f"{heading}\n\n{sentence}" if sentence else heading
-    nb.cells = [piece for cell in nb.cells for piece in at_headings(cell)]
+    nb.cells = [piece for cell in nb.cells for part in at_headings(cell) for piece in fitted(part)]
     return nb
+
+
+def fitted(cell: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
+    """A shown cell taller than a slide as pieces that fit (``slide_fit.pieces``); skipped cells and notes whole."""
+    if slide_type(cell) in ("skip", "notes"):
+        return [cell]
+    return slide_fit.pieces(cell, hide_input=HIDE_INPUT_TAG)
 
 
 def at_headings(cell: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
@@ -220,8 +215,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"course slides: {exc}", file=sys.stderr)
         return 2
     nb = paginated(for_the_hall(nbformat.read(path, as_version=4)))
-    for line in over_budget(nb):
-        print(f"warning: {path.name} {line} (one cell taller than the canvas: it scrolls)", file=sys.stderr)
+    for line in too_tall(nb):
+        print(f"warning: {path.name} {line} (one block taller than the canvas: it scrolls)", file=sys.stderr)
     print(f"wrote {target} ({len(slides(nb))} slides; assets in {target.parent.parent / 'assets'}: "
           "the folder works offline)")
     note = missing_font(target.read_text(encoding="utf-8"))

@@ -1,0 +1,235 @@
+"""What fits on a slide: the height of a cell on the 1280 x 720 canvas, and cells cut into pieces that fit.
+
+A deck's type is large (``slides.FONT_PX``, ``slides.CODE_PX``), so a long cell of code, a long printout or a
+long Markdown cell does not fit on one slide; shown whole it would scroll, which the back of a hall cannot
+follow. ``height`` estimates a cell's height in canvas pixels from its text; ``pieces`` cuts a cell taller than
+a page into cells that each fit (code at blank lines, a printout by lines, Markdown between its blocks, a
+long list at its items, a long table at its rows), so that ``slides.paginated`` can put them on slides of
+their own. Nothing is left out.
+
+The constants were measured in Chromium on the built decks of lessons 00-13, English and Korean (the
+rendered height of each of 1,348 cells against its text; Source Sans Pro, DejaVu Sans Mono, NanumGothic):
+code and printouts are exact to the pixel; Markdown is a fit whose error is below 45 px for 9 cells in 10,
+which ``PAGE`` leaves room for.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import re
+import struct
+import unicodedata
+
+import nbformat
+
+CANVAS = 684  # what reveal.js shows of a slide 720 px high before it scrolls (95 %)
+PAGE = 600  # the height a slide is planned to: the canvas less the error of the estimates
+CODE_LINE, CODE_COLUMNS, CODE_PAD = 30, 82, 27  # code: px a line, columns a line, px a cell
+OUTPUT_LINE, OUTPUT_COLUMNS, OUTPUT_PAD = 35, 76, 20  # a printout: px a line, columns a line, px an output
+PROSE_LINE, PROSE_COLUMNS, BLOCK_PAD, CELL_PAD = 36, 115, 16, 24  # Hangul and other wide letters take two columns
+HEADING_EXTRA = {1: 126, 2: 72, 3: 60}  # px a heading of that level takes beyond one line of prose
+MATH_BLOCK, TABLE_ROW, FENCED_LINE, LIST_ITEM_PAD = 95, 60, 44, 20  # px: $$ display, table row, ``` line, list item
+FIGURE_WIDTH, FIGURE_PX, FIGURE_PAD = 1260, 560, 16  # a figure is drawn this wide, at most this tall
+
+
+def columns(text: str) -> int:
+    """The width of ``text`` in columns of a monospace font: two for Hangul and other wide letters."""
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
+def wrapped(text: str, width: int) -> int:
+    """How many lines ``text`` takes when every line wraps at ``width`` columns (an empty line takes one)."""
+    return sum(max(1, -(-columns(line) // width)) for line in text.split("\n"))
+
+
+def figure_height(png_base64: str) -> int:
+    """The drawn height of a PNG figure: as wide as the slide, at most FIGURE_PX tall (its size from its header)."""
+    head = base64.b64decode(png_base64[:32])
+    if head[:8] != b"\x89PNG\r\n\x1a\n":
+        return FIGURE_PX + FIGURE_PAD
+    width, height = struct.unpack(">II", head[16:24])
+    return min(FIGURE_PX, round(FIGURE_WIDTH * height / max(width, 1))) + FIGURE_PAD
+
+
+def output_height(out: nbformat.NotebookNode) -> int:
+    """Height of one output: a figure, or its text as a printout."""
+    data = out.get("data", {})
+    if "image/png" in data:
+        return figure_height(data["image/png"])
+    if any(k.startswith("image/") for k in data):
+        return FIGURE_PX + FIGURE_PAD
+    return OUTPUT_PAD + OUTPUT_LINE * wrapped(_printout(out), OUTPUT_COLUMNS)
+
+
+def _printout(out: nbformat.NotebookNode) -> str:
+    """The text of an output as it is drawn: its last newline ends the last line, an empty line before it shows."""
+    text = out.get("text") or out.get("data", {}).get("text/plain") or ""
+    return text[:-1] if text.endswith("\n") else text
+
+
+def code_height(source: str) -> int:
+    """Height of a code cell's input."""
+    return CODE_PAD + CODE_LINE * wrapped(source, CODE_COLUMNS)
+
+
+LIST_ITEM = re.compile(r"([-*+]|\d+[.)]) ")  # the first line of an item of a list (not a nested one)
+
+
+def blocks(markdown: str) -> list[str]:
+    """The blocks of a Markdown text: pieces between blank lines, a ``` block and a $$ block kept whole."""
+    found, current, fence, math = [], [], False, False
+    for line in markdown.split("\n"):
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            fence = not fence
+        elif not fence and stripped.count("$$") % 2:
+            math = not math
+        if stripped or fence or math:
+            current.append(line)
+        elif current:
+            found.append("\n".join(current))
+            current = []
+    if current:
+        found.append("\n".join(current))
+    return found
+
+
+def block_height(block: str) -> int:
+    """Height of one Markdown block: a heading and its lines, a list, a table, a ``` or $$ block, a paragraph."""
+    lines = block.split("\n")
+    first = lines[0].lstrip()
+    if first.startswith("```"):
+        return BLOCK_PAD + FENCED_LINE * len(lines)
+    if first.startswith("$$"):
+        return BLOCK_PAD + MATH_BLOCK
+    if first.startswith("|"):  # a row wraps within the table's width; the |---| line draws nothing
+        rows = [line for i, line in enumerate(lines) if i != 1]
+        return BLOCK_PAD + sum(TABLE_ROW + PROSE_LINE * (wrapped(_shown(row), PROSE_COLUMNS) - 1) for row in rows)
+    extra = 0
+    if first.startswith("#"):
+        extra = HEADING_EXTRA[min(3, len(first) - len(first.lstrip("#")))]
+    items = sum(1 for line in lines if LIST_ITEM.match(line))
+    return BLOCK_PAD + extra + LIST_ITEM_PAD * items + PROSE_LINE * sum(wrapped(_shown(line), PROSE_COLUMNS)
+                                                                     for line in lines)
+
+
+def _shown(line: str) -> str:
+    """A Markdown line as it is drawn, roughly: a link shows its text; *, ` and | show nothing."""
+    return re.sub(r"\]\([^)]*\)|[*`|]", "", line)
+
+
+def parts_of(block: str) -> list[str]:
+    """A block that may be cut: a list at its items, a table at its rows (each part keeps the header); other
+    blocks whole. Markdown numbers a cut list from the number its part starts with."""
+    lines = block.split("\n")
+    if LIST_ITEM.match(lines[0]):
+        starts = [i for i, line in enumerate(lines) if LIST_ITEM.match(line)] + [len(lines)]
+        return ["\n".join(lines[a:b]) for a, b in zip(starts, starts[1:], strict=False)]
+    if lines[0].startswith("|") and len(lines) > 3:
+        return ["\n".join(lines[:2] + [row]) for row in lines[2:]]
+    return [block]
+
+
+def height(cell: nbformat.NotebookNode, hide_input: str = "slides-hide-input") -> int:
+    """Height of a cell on a slide, in canvas pixels: its input (unless tagged ``hide_input``) and outputs."""
+    if cell.cell_type == "markdown":
+        return CELL_PAD + sum(map(block_height, blocks(cell.source)))
+    shown = cell.source and hide_input not in cell.metadata.get("tags", [])
+    return (code_height(cell.source) if shown else 0) + sum(map(output_height, cell.get("outputs", [])))
+
+
+def pieces(cell: nbformat.NotebookNode, page: int = PAGE, hide_input: str = "slides-hide-input") -> list:
+    """``cell`` as cells that each fit in ``page`` px: itself if it fits; else a code cell's input in pieces cut
+    at blank lines (or, in a block without one, at the last line that fits), then its outputs on their own, a
+    printout cut by lines; a Markdown cell in runs of blocks, a list or a table too tall for a page cut at its
+    items or rows. A single paragraph, item or figure taller than the page stays whole. The first piece keeps
+    the cell's slide metadata; the others get ids "<id>-p1", "<id>-p2"..."""
+    if height(cell, hide_input) <= page:
+        return [cell]
+    if cell.cell_type == "markdown":
+        units = [(i, part) for i, block in enumerate(blocks(cell.source))
+                 for part in (parts_of(block) if block_height(block) > page - CELL_PAD else [block])]
+        parts = [nbformat.v4.new_markdown_cell(_joined(run))
+                 for run in _runs(units, page, lambda unit: block_height(unit[1]), CELL_PAD)]
+    elif cell.cell_type == "code":
+        parts = []
+        if cell.source and hide_input not in cell.metadata.get("tags", []):
+            parts = [nbformat.v4.new_code_cell(chunk) for chunk in _code_chunks(cell.source, page)]
+        outputs = [piece for out in cell.get("outputs", []) for piece in _printout_pieces(out, page)]
+        for run in _runs(outputs, page, output_height, 0):
+            part = nbformat.v4.new_code_cell("", metadata={"tags": [hide_input]})
+            part.outputs = run
+            parts.append(part)
+    else:
+        return [cell]
+    if not parts:
+        return [cell]
+    first, rest = parts[0], parts[1:]
+    first.id, first.metadata = cell.id, copy.deepcopy(dict(cell.metadata)) | dict(first.metadata)
+    for i, part in enumerate(rest, 1):
+        part.id = f"{cell.id}-p{i}"
+    return parts
+
+
+def _runs(items: list, page: int, size, pad: int) -> list[list]:
+    """``items`` in consecutive runs whose sizes (plus ``pad`` a run) fit in ``page``; an item too big is a run."""
+    runs: list[list] = []
+    used = page + 1
+    for item in items:
+        h = size(item)
+        if runs and used + h <= page:
+            runs[-1].append(item)
+            used += h
+        else:
+            runs.append([item])
+            used = pad + h
+    return runs
+
+
+def _joined(units: list[tuple[int, str]]) -> str:
+    """Markdown from consecutive (block number, part) pairs: parts of one list on consecutive lines, rows of
+    one table under one header, blocks apart."""
+    text = ""
+    for k, (block, part) in enumerate(units):
+        if k and units[k - 1][0] == block:
+            text += "\n" + ("\n".join(part.split("\n")[2:]) if part.startswith("|") else part)
+        else:
+            text += ("\n\n" if text else "") + part
+    return text
+
+
+def _code_chunks(source: str, page: int) -> list[str]:
+    """A long input cut into pieces that fit: each piece ends at its last blank line when it has one in its
+    second half, otherwise at the last line that fits."""
+    lines, chunks = source.split("\n"), []
+    while lines:
+        n = 0
+        while n < len(lines) and code_height("\n".join(lines[:n + 1])) <= page:
+            n += 1
+        n = max(n, 1)
+        if n < len(lines):
+            blank = [i for i in range(n // 2, n) if not lines[i].strip()]
+            n = blank[-1] + 1 if blank else n
+        chunks.append("\n".join(lines[:n]).strip("\n"))
+        lines = lines[n:]
+    return [chunk for chunk in chunks if chunk]
+
+
+def _printout_pieces(out: nbformat.NotebookNode, page: int) -> list[nbformat.NotebookNode]:
+    """A text output taller than ``page`` as several stream outputs of consecutive lines; other outputs as they are."""
+    data = out.get("data", {})
+    if output_height(out) <= page or any(not k.startswith("text/plain") for k in data):
+        return [out]
+    text = _printout(out)
+    per_piece = (page - OUTPUT_PAD) // OUTPUT_LINE
+    pieces_, current, taken = [], [], 0
+    for line in text.split("\n"):
+        need = wrapped(line, OUTPUT_COLUMNS)  # a wrapped line counts as the lines it takes
+        if current and taken + need > per_piece:
+            pieces_.append(current)
+            current, taken = [], 0
+        current.append(line)
+        taken += need
+    pieces_.append(current)
+    return [nbformat.v4.new_output("stream", name="stdout", text="\n".join(p) + "\n") for p in pieces_]
