@@ -116,6 +116,41 @@ def test_a_long_list_is_cut_at_its_items_and_a_long_table_keeps_its_header():
     assert [row for p in parts for row in p.source.split("\n")[2:]] == rows.split("\n")  # every row, in order
 
 
+def test_a_cut_keeps_stream_names_tags_attachments_and_whole_errors():
+    out = nbformat.v4.new_output("stream", name="stderr", text="".join(f"w{i}\n" for i in range(40)))
+    cell = nbformat.v4.new_code_cell("warn()", outputs=[out], metadata={"tags": ["keep-me"]})
+    parts = slide_fit.pieces(cell)
+    assert len(parts) > 2 and {o.name for p in parts for o in p.outputs} == {"stderr"}
+    cell.metadata["tags"] = ["keep-me", slides.HIDE_INPUT_TAG]  # the first piece is an output piece
+    assert slide_fit.pieces(cell)[0].metadata["tags"] == ["keep-me", slides.HIDE_INPUT_TAG]
+    text = "\n\n".join(["![x](attachment:a.png)"] + [f"Paragraph {i}." for i in range(30)])
+    figure = {"a.png": {"image/png": png(10, 10)}}
+    parts = slide_fit.pieces(nbformat.v4.new_markdown_cell(text, attachments=figure))
+    assert len(parts) > 1 and all(p.attachments == figure for p in parts)
+    red = [f"\x1b[0;31mline {i}\x1b[0m" for i in range(40)]
+    error = nbformat.v4.new_output("error", ename="E", evalue="", traceback=red)
+    assert slide_fit.output_height(error) == slide_fit.OUTPUT_PAD + 40 * slide_fit.OUTPUT_LINE  # colours not counted
+    parts = slide_fit.pieces(nbformat.v4.new_code_cell("fail()", outputs=[error]))
+    assert [o for p in parts for o in p.outputs] == [error]  # shown whole, never turned into a printout
+
+
+def test_code_is_cut_before_a_new_statement_and_never_into_blank_pieces():
+    call = ["result = f("] + [f"    arg_{i}," for i in range(12)] + [")"]
+    source = "\n".join(call * 3)  # no blank line: cut before "result = f(", never inside the call
+    inputs = [p for p in slide_fit.pieces(nbformat.v4.new_code_cell(source))]
+    assert len(inputs) > 1 and all(p.source.startswith("result = f(") for p in inputs)
+    assert len(slide_fit._code_chunks("\n".join(["a = 1"] * 19 + ["   "] * 30), slide_fit.PAGE)) == 1
+
+
+def test_list_paragraphs_stay_with_their_items_and_tables_fill_their_slides():
+    steps = "\n\n".join(f"1. Step {i}\n\n    more about step {i} " + "w " * 30 for i in range(6))
+    parts = slide_fit.pieces(nbformat.v4.new_markdown_cell(steps))
+    assert len(parts) > 1 and not any(p.source.startswith(" ") for p in parts)  # an indented start is a code block
+    rows = "\n".join(f"| {i} | x |" for i in range(12))
+    assert len(slide_fit.pieces(nbformat.v4.new_markdown_cell(f"| n | t |\n|---|---|\n{rows}"))) == 2
+    assert slide_fit.blocks("Use `$$` for display math.\n\nNext.") == ["Use `$$` for display math.", "Next."]
+
+
 def test_cells_that_fit_or_are_not_shown_stay_whole():
     short = nbformat.v4.new_code_cell("x = 1")
     assert slide_fit.pieces(short) == [short]

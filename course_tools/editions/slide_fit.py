@@ -5,7 +5,8 @@ long Markdown cell does not fit on one slide; shown whole it would scroll, which
 follow. ``height`` estimates a cell's height in canvas pixels from its text; ``pieces`` cuts a cell taller than
 a page into cells that each fit (code at blank lines, a printout by lines, Markdown between its blocks, a
 long list at its items, a long table at its rows), so that ``slides.paginated`` can put them on slides of
-their own. Nothing is left out.
+their own. Every line of text and every output is shown, in order; only prompts' execution counts, which a
+deck hides, are not carried over.
 
 The constants were measured in Chromium on the built decks of lessons 00-13, English and Korean (the
 rendered height of each of 1,348 cells against its text, with the fonts of this course's build machine).
@@ -65,7 +66,10 @@ def output_height(out: nbformat.NotebookNode) -> int:
 
 
 def _printout(out: nbformat.NotebookNode) -> str:
-    """The text of an output as it is drawn: its last newline ends the last line, an empty line before it shows."""
+    """The text of an output as it is drawn: its last newline ends the last line, an empty line before it shows;
+    an error shows its traceback (without its colour codes)."""
+    if out.get("output_type") == "error":
+        return re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(out.get("traceback", [])))
     text = out.get("text") or out.get("data", {}).get("text/plain") or ""
     return text[:-1] if text.endswith("\n") else text
 
@@ -83,11 +87,13 @@ def blocks(markdown: str) -> list[str]:
     found, current, fence, math = [], [], False, False
     for line in markdown.split("\n"):
         stripped = line.strip()
-        if stripped.startswith("```"):
+        if stripped.startswith(("```", "~~~")):
             fence = not fence
-        elif not fence and stripped.count("$$") % 2:
+        elif not fence and re.sub(r"`[^`]*`", "", stripped).count("$$") % 2:  # not a $$ in inline code
             math = not math
         if stripped or fence or math:
+            if not current and found and line[:1] in " \t":  # an item's indented paragraph stays with its item
+                current = [found.pop(), ""]
             current.append(line)
         elif current:
             found.append("\n".join(current))
@@ -143,23 +149,25 @@ def height(cell: nbformat.NotebookNode, hide_input: str = "slides-hide-input") -
 
 def pieces(cell: nbformat.NotebookNode, page: int = PAGE, hide_input: str = "slides-hide-input") -> list:
     """``cell`` as cells that each fit in ``page`` px: itself if it fits; else a code cell's input in pieces cut
-    at blank lines (or, in a block without one, at the last line that fits), then its outputs on their own, a
-    printout cut by lines; a Markdown cell in runs of blocks, a list or a table too tall for a page cut at its
-    items or rows. A single paragraph, item or figure taller than the page stays whole. The first piece keeps
-    the cell's slide metadata; the others get ids "<id>-p1", "<id>-p2"..."""
+    at blank lines or before a new statement (``_code_chunks``), then its outputs on their own, a printout cut
+    by lines; a Markdown cell in runs of blocks, a list or a table too tall for a page cut at its
+    items or rows. What cannot be cut stays whole: a paragraph, list item, table row, ``` or $$ block, figure,
+    HTML output or error. The first piece keeps the cell's id and metadata (with its tags and the hide-input
+    tag of an output piece), a Markdown piece the cell's attachments; the others get ids "<id>-p1", "<id>-p2"..."""
     if height(cell, hide_input) <= page:
         return [cell]
     if cell.cell_type == "markdown":
         units = [(i, part) for i, block in enumerate(blocks(cell.source))
                  for part in (parts_of(block) if block_height(block) > page - CELL_PAD else [block])]
-        parts = [nbformat.v4.new_markdown_cell(_joined(run))
-                 for run in _runs(units, page, lambda unit: block_height(unit[1]), CELL_PAD)]
+        parts = [nbformat.v4.new_markdown_cell(_joined(run)) for run in _runs(units, page, _unit_height, CELL_PAD)]
+        for part in parts if "attachments" in cell else []:
+            part.attachments = copy.deepcopy(cell.attachments)
     elif cell.cell_type == "code":
         parts = []
         if cell.source and hide_input not in cell.metadata.get("tags", []):
             parts = [nbformat.v4.new_code_cell(chunk) for chunk in _code_chunks(cell.source, page)]
         outputs = [piece for out in cell.get("outputs", []) for piece in _printout_pieces(out, page)]
-        for run in _runs(outputs, page, output_height, 0):
+        for run in _runs(outputs, page, lambda out, _: output_height(out), 0):
             part = nbformat.v4.new_code_cell("", metadata={"tags": [hide_input]})
             part.outputs = run
             parts.append(part)
@@ -168,25 +176,38 @@ def pieces(cell: nbformat.NotebookNode, page: int = PAGE, hide_input: str = "sli
     if not parts:
         return [cell]
     first, rest = parts[0], parts[1:]
-    first.id, first.metadata = cell.id, copy.deepcopy(dict(cell.metadata)) | dict(first.metadata)
+    tags = cell.metadata.get("tags", [])
+    tags = tags + [tag for tag in first.metadata.get("tags", []) if tag not in tags]
+    first.id, first.metadata = cell.id, copy.deepcopy(dict(cell.metadata)) | ({"tags": tags} if tags else {})
     for i, part in enumerate(rest, 1):
         part.id = f"{cell.id}-p{i}"
     return parts
 
 
 def _runs(items: list, page: int, size, pad: int) -> list[list]:
-    """``items`` in consecutive runs whose sizes (plus ``pad`` a run) fit in ``page``; an item too big is a run."""
+    """``items`` in consecutive runs whose sizes (plus ``pad`` a run) fit in ``page``; an item too big is a run.
+    ``size(item, previous)`` is an item's size after ``previous`` in its run (None: it starts one)."""
     runs: list[list] = []
     used = page + 1
     for item in items:
-        h = size(item)
+        h = size(item, runs[-1][-1] if runs else None)
         if runs and used + h <= page:
             runs[-1].append(item)
             used += h
         else:
             runs.append([item])
-            used = pad + h
+            used = pad + size(item, None)
     return runs
+
+
+def _unit_height(unit: tuple[int, str], previous: tuple[int, str] | None) -> int:
+    """Height of a (block number, part) unit; after a part of the same block, ``_joined`` adds it without a
+    block's padding and, in a table, without the header."""
+    block, part = unit
+    if previous is None or previous[0] != block:
+        return block_height(part)
+    header = block_height("\n".join(part.split("\n")[:2])) if part.startswith("|") else BLOCK_PAD
+    return block_height(part) - header
 
 
 def _joined(units: list[tuple[int, str]]) -> str:
@@ -203,25 +224,45 @@ def _joined(units: list[tuple[int, str]]) -> str:
 
 def _code_chunks(source: str, page: int) -> list[str]:
     """A long input cut into pieces that fit: each piece ends at its last blank line when it has one in its
-    second half, otherwise at the last line that fits."""
+    second half, else before the least indented line there that starts a statement, else at the last line
+    that fits. Blank lines at the ends of a piece are dropped."""
     lines, chunks = source.split("\n"), []
     while lines:
+        while lines and not lines[0].strip():
+            lines.pop(0)
         n = 0
         while n < len(lines) and code_height("\n".join(lines[:n + 1])) <= page:
             n += 1
         n = max(n, 1)
-        if n < len(lines):
-            blank = [i for i in range(n // 2, n) if not lines[i].strip()]
-            n = blank[-1] + 1 if blank else n
-        chunks.append("\n".join(lines[:n]).strip("\n"))
-        lines = lines[n:]
-    return [chunk for chunk in chunks if chunk]
+        if n < len(lines):  # at a blank line, else before the least indented statement (never inside a call)
+            blank = [i for i in range(n // 2, n + 1) if not lines[i].strip()]
+            starts = [i for i in range(n // 2 + 1, n + 1) if _starts_statement(lines, i)]
+            shallowest = sorted(starts, key=lambda i: (_indent(lines[i]), -i))[:1]
+            n = (blank or shallowest or [n])[-1]
+        piece, lines = lines[:n], lines[n:]
+        while piece and not piece[-1].strip():
+            piece.pop()
+        if piece:
+            chunks.append("\n".join(piece))
+    return chunks
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _starts_statement(lines: list[str], i: int) -> bool:
+    """Whether line i begins a statement, roughly: not blank, not a closing bracket, and the line before it
+    does not leave a bracket or a backslash open."""
+    return bool(lines[i].strip()) and lines[i].lstrip()[:1] not in ")]}" and \
+        not lines[i - 1].rstrip().endswith(("(", "[", "{", ",", "\\"))
 
 
 def _printout_pieces(out: nbformat.NotebookNode, page: int) -> list[nbformat.NotebookNode]:
-    """A text output taller than ``page`` as several stream outputs of consecutive lines; other outputs as they are."""
+    """A printout taller than ``page`` as several streams of consecutive lines (of its stream's name; a result
+    shown as text becomes stdout, drawn the same); figures, HTML and errors as they are."""
     data = out.get("data", {})
-    if output_height(out) <= page or any(not k.startswith("text/plain") for k in data):
+    if output_height(out) <= page or out.get("output_type") == "error" or any(k != "text/plain" for k in data):
         return [out]
     text = _printout(out)
     per_piece = (page - OUTPUT_PAD) // OUTPUT_LINE
@@ -234,4 +275,4 @@ def _printout_pieces(out: nbformat.NotebookNode, page: int) -> list[nbformat.Not
         current.append(line)
         taken += need
     pieces_.append(current)
-    return [nbformat.v4.new_output("stream", name="stdout", text="\n".join(p) + "\n") for p in pieces_]
+    return [nbformat.v4.new_output("stream", name=out.get("name", "stdout"), text="\n".join(p) + "\n") for p in pieces_]
