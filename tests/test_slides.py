@@ -39,7 +39,7 @@ def test_every_slide_fits_the_canvas(path):
     setup = next(c for c in nb.cells if c.cell_type == "code")  # lesson 00 opens with two markdown cells
     assert slides.slide_type(setup) == "skip"  # the setup cell is not shown in a lecture
     for group in slides.slides(shown(path)):
-        px = sum(slide_fit.height(cell, slides.HIDE_INPUT_TAG) for cell in group)
+        px = sum(map(slide_fit.height, group))
         assert px <= slide_fit.PAGE or (len(group) == 1 and px <= slide_fit.CANVAS), \
             f"slide at cell {group[0].id}: about {px} px in {len(group)} cells"
 
@@ -137,7 +137,7 @@ def test_a_cut_keeps_stream_names_tags_attachments_and_whole_errors():
 def test_code_is_cut_before_a_new_statement_and_never_into_blank_pieces():
     call = ["result = f("] + [f"    arg_{i}," for i in range(12)] + [")"]
     source = "\n".join(call * 3)  # no blank line: cut before "result = f(", never inside the call
-    inputs = [p for p in slide_fit.pieces(nbformat.v4.new_code_cell(source))]
+    inputs = slide_fit.pieces(nbformat.v4.new_code_cell(source))
     assert len(inputs) > 1 and all(p.source.startswith("result = f(") for p in inputs)
     assert len(slide_fit._code_chunks("\n".join(["a = 1"] * 19 + ["   "] * 30), slide_fit.PAGE)) == 1
 

@@ -26,6 +26,7 @@ import unicodedata
 
 import nbformat
 
+HIDE_INPUT_TAG = "slides-hide-input"  # a cell tagged so shows only its outputs (figures)
 CANVAS = 684  # what reveal.js shows of a slide 720 px high before it scrolls (95 %)
 PAGE = 600  # the height a slide is planned to: the canvas less the error of the estimates
 CODE_LINE, CODE_COLUMNS, CODE_PAD = 30, 82, 27  # code: px a line, columns a line, px a cell
@@ -139,22 +140,26 @@ def parts_of(block: str) -> list[str]:
     return [block]
 
 
-def height(cell: nbformat.NotebookNode, hide_input: str = "slides-hide-input") -> int:
-    """Height of a cell on a slide, in canvas pixels: its input (unless tagged ``hide_input``) and outputs."""
+def input_shown(cell: nbformat.NotebookNode) -> bool:
+    """Whether a code cell's input is on the slide: it has one and is not tagged HIDE_INPUT_TAG."""
+    return bool(cell.source) and HIDE_INPUT_TAG not in cell.metadata.get("tags", [])
+
+
+def height(cell: nbformat.NotebookNode) -> int:
+    """Height of a cell on a slide, in canvas pixels: its input (unless hidden) and its outputs."""
     if cell.cell_type == "markdown":
         return CELL_PAD + sum(map(block_height, blocks(cell.source)))
-    shown = cell.source and hide_input not in cell.metadata.get("tags", [])
-    return (code_height(cell.source) if shown else 0) + sum(map(output_height, cell.get("outputs", [])))
+    return (code_height(cell.source) if input_shown(cell) else 0) + sum(map(output_height, cell.get("outputs", [])))
 
 
-def pieces(cell: nbformat.NotebookNode, page: int = PAGE, hide_input: str = "slides-hide-input") -> list:
+def pieces(cell: nbformat.NotebookNode, page: int = PAGE) -> list:
     """``cell`` as cells that each fit in ``page`` px: itself if it fits; else a code cell's input in pieces cut
     at blank lines or before a new statement (``_code_chunks``), then its outputs on their own, a printout cut
     by lines; a Markdown cell in runs of blocks, a list or a table too tall for a page cut at its
     items or rows. What cannot be cut stays whole: a paragraph, list item, table row, ``` or $$ block, figure,
     HTML output or error. The first piece keeps the cell's id and metadata (with its tags and the hide-input
     tag of an output piece), a Markdown piece the cell's attachments; the others get ids "<id>-p1", "<id>-p2"..."""
-    if height(cell, hide_input) <= page:
+    if height(cell) <= page:
         return [cell]
     if cell.cell_type == "markdown":
         units = [(i, part) for i, block in enumerate(blocks(cell.source))
@@ -164,11 +169,11 @@ def pieces(cell: nbformat.NotebookNode, page: int = PAGE, hide_input: str = "sli
             part.attachments = copy.deepcopy(cell.attachments)
     elif cell.cell_type == "code":
         parts = []
-        if cell.source and hide_input not in cell.metadata.get("tags", []):
+        if input_shown(cell):
             parts = [nbformat.v4.new_code_cell(chunk) for chunk in _code_chunks(cell.source, page)]
         outputs = [piece for out in cell.get("outputs", []) for piece in _printout_pieces(out, page)]
         for run in _runs(outputs, page, lambda out, _: output_height(out), 0):
-            part = nbformat.v4.new_code_cell("", metadata={"tags": [hide_input]})
+            part = nbformat.v4.new_code_cell("", metadata={"tags": [HIDE_INPUT_TAG]})
             part.outputs = run
             parts.append(part)
     else:

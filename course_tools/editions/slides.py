@@ -29,7 +29,7 @@ NODE_MODULES = ROOT / "docs" / "node_modules"  # the npm packages of docs/packag
 ASSETS = ["reveal.js/dist/reveal.js", "reveal.js/dist/reveal.css", "reveal.js/dist/theme/white.css",
           "reveal.js/dist/theme/fonts/source-sans-pro", "reveal.js/plugin/notes/notes.js",
           "mathjax/es5/tex-chtml.js", "mathjax/es5/input/tex/extensions", "mathjax/es5/output/chtml/fonts/woff-v2"]
-HIDE_INPUT_TAG = "slides-hide-input"
+HIDE_INPUT_TAG = slide_fit.HIDE_INPUT_TAG
 STARTS = ("slide", "subslide")
 WIDTH, HEIGHT = 1280, 720  # the canvas, in pixels: a projector's 720p (reveal.js keeps a 4 % margin: scale 0.96)
 FONT_PX, CODE_PX = 26, 25  # prose and code (and text output) in canvas pixels: at least 24 px on a 1280 x 720 screen
@@ -70,7 +70,7 @@ def paginated(nb: nbformat.NotebookNode, page: int = slide_fit.PAGE) -> nbformat
     for group in slides(nb):
         used = 0
         for cell in group:
-            h = slide_fit.height(cell, HIDE_INPUT_TAG)
+            h = slide_fit.height(cell)
             heading = cell.cell_type == "markdown" and cell.source.startswith("#")
             if used and (used + h > page or heading):
                 cell.metadata.setdefault("slideshow", {})["slide_type"] = "subslide"
@@ -155,7 +155,7 @@ def fitted(cell: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
     """A shown cell taller than a slide as pieces that fit (``slide_fit.pieces``); skipped cells and notes whole."""
     if slide_type(cell) in ("skip", "notes"):
         return [cell]
-    return slide_fit.pieces(cell, hide_input=HIDE_INPUT_TAG)
+    return slide_fit.pieces(cell)
 
 
 def at_headings(cell: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
