@@ -174,12 +174,18 @@ def at_headings(cell: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
     return pieces
 
 
-def build_slides(path: Path, out_dir: Path) -> Path:
-    """Write out_dir/<lesson>.slides.html from the stored outputs of the notebook at `path`, with the assets
-    it loads in out_dir/../assets (so the folder above out_dir is the whole show: copy it, open a deck)."""
+def hall_deck(path: Path) -> nbformat.NotebookNode:
+    """The notebook at `path` as it is shown: cut for the hall (``for_the_hall``), then paginated."""
+    return paginated(for_the_hall(nbformat.read(path, as_version=4)))
+
+
+def build_slides(path: Path, out_dir: Path, nb: nbformat.NotebookNode | None = None) -> Path:
+    """Write out_dir/<lesson>.slides.html from the stored outputs of the notebook at `path` (``nb``: its
+    ``hall_deck``, when the caller has it already), with the assets it loads in out_dir/../assets (so the
+    folder above out_dir is the whole show: copy it, open a deck)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     bundle(out_dir.parent / "assets")
-    nb = paginated(for_the_hall(nbformat.read(path, as_version=4)))
+    nb = hall_deck(path) if nb is None else nb
     title = nb.cells[0].source.splitlines()[0].lstrip("# ").strip() if nb.cells else path.stem
     resources = {"metadata": {"name": title or path.stem}, "course_assets": "../assets", "course_font_px": FONT_PX,
                  "course_code_px": CODE_PX, "course_figure_px": FIGURE_PX}
@@ -210,11 +216,11 @@ def main(args: argparse.Namespace) -> int:
     root = Path(args.root)
     try:
         path = lesson_path(root, args.lesson, args.lang)
-        target = build_slides(path, Path(args.out) / args.lang)
+        nb = hall_deck(path)
+        target = build_slides(path, Path(args.out) / args.lang, nb)
     except (FileNotFoundError, ValueError, subprocess.CalledProcessError) as exc:
         print(f"course slides: {exc}", file=sys.stderr)
         return 2
-    nb = paginated(for_the_hall(nbformat.read(path, as_version=4)))
     for line in too_tall(nb):
         print(f"warning: {path.name} {line} (one block taller than the canvas: it scrolls)", file=sys.stderr)
     print(f"wrote {target} ({len(slides(nb))} slides; assets in {target.parent.parent / 'assets'}: "
