@@ -22,11 +22,6 @@ DECKS = sorted(p for pattern in ("notebooks/*.ipynb", "notebooks/*/*.ipynb") for
                if any("slideshow" in c.metadata for c in nbformat.read(p, as_version=4).cells))
 
 
-def shown(path: Path) -> nbformat.NotebookNode:
-    """The notebook as the deck shows it."""
-    return slides.paginated(slides.for_the_hall(nbformat.read(path, as_version=4)))
-
-
 def test_every_lesson_has_slides_in_both_languages():
     lessons = sorted(p.name for p in ROOT.glob("notebooks/[0-9][0-9]_*.ipynb"))
     assert {str(p.relative_to(ROOT)) for p in DECKS} >= {f"notebooks/{lang}{name}" for name in lessons
@@ -38,7 +33,7 @@ def test_every_slide_fits_the_canvas(path):
     nb = nbformat.read(path, as_version=4)
     setup = next(c for c in nb.cells if c.cell_type == "code")  # lesson 00 opens with two markdown cells
     assert slides.slide_type(setup) == "skip"  # the setup cell is not shown in a lecture
-    for group in slides.slides(shown(path)):
+    for group in slides.slides(slides.hall_deck(path)):
         px = sum(map(slide_fit.height, group))
         assert px <= slide_fit.PAGE or (len(group) == 1 and px <= slide_fit.CANVAS), \
             f"slide at cell {group[0].id}: about {px} px in {len(group)} cells"
@@ -220,7 +215,7 @@ def test_deck_uses_the_stored_outputs_and_requests_nothing_outside_its_folder(de
     path = slides.lesson_path(ROOT, "09", lang)
     deck = decks / lang / f"{path.stem}.slides.html"
     html = deck.read_text(encoding="utf-8")
-    nb = shown(path)
+    nb = slides.hall_deck(path)
     horizontal = sum(slides.slide_type(group[0]) == "slide" for group in slides.slides(nb))
     assert html.count("<section") == len(slides.slides(nb)) + horizontal
     assert html.count("data:image/png;base64") >= 2  # both figures, from the stored outputs
@@ -298,7 +293,7 @@ def test_deck_offline_in_a_browser_is_readable_at_720p(decks, lang):
         seen = page.evaluate(MEASURE)
         browser.close()
     assert (outside, failed, errors) == ([], [], [])
-    assert seen["slides"] == len(slides.slides(shown(slides.lesson_path(ROOT, "09", lang))))
+    assert seen["slides"] == len(slides.slides(slides.hall_deck(slides.lesson_path(ROOT, "09", lang))))
     assert seen["smallest"] >= 24, seen
     assert len(seen["figures"]) >= 2 and min(seen["figures"]) > 0.95, seen
     assert seen["math"] > 0
@@ -319,7 +314,7 @@ def test_missing_npm_names_the_fix(tmp_path, monkeypatch):
 @pytest.mark.parametrize("path", DECKS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_deck_builds_with_one_section_per_slide(tmp_path, path):
     html = slides.build_slides(path, tmp_path / "deck").read_text(encoding="utf-8")
-    nb = shown(path)
+    nb = slides.hall_deck(path)
     horizontal = sum(slides.slide_type(group[0]) == "slide" for group in slides.slides(nb))
     assert html.count("<section") == len(slides.slides(nb)) + horizontal
     assert "NBVAL" not in html  # the tests' markers are not shown to the audience
