@@ -65,7 +65,10 @@ def run_notebook(path: Path, mode: str, inplace: bool, cell_timeout: int, out_di
     seconds = time.perf_counter() - start
     device = str(runtime.device())
     if status == "ok":
-        nb.metadata["course"] = {**nb.metadata.get("course", {}), "mode": mode, "device": device}
+        # the run's record: the prose may quote its time and load (the prose-number check reads them here)
+        nb.metadata["course"] = {**nb.metadata.get("course", {}), "mode": mode, "device": device,
+                                 "seconds": round(seconds, 1),
+                                 "load": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
         if inplace:
             nbformat.write(nb, path)
         if out_dir is not None:
