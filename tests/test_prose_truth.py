@@ -73,6 +73,8 @@ def test_structure_is_not_checked() -> None:
     assert numbers("A link [to a page](https://example.org/a/123) with 4.2 in it.") == []
     assert numbers("## Further reading\n- Something with 1,000 numbers 42.") == []
     assert numbers("the 2·d = 128 of $d = 64$: so 64 here.") == ["128"]  # the formula's 64 is its constant
+    assert numbers("**Time:** about 60 minutes of reading; 3–4 hours of writing.") == []
+    assert numbers("*Paradise Lost* (1667), and 1667 lines.") == ["1667"]
 
 
 def test_a_wrong_number_is_still_caught_beside_the_structure() -> None:
@@ -123,6 +125,17 @@ def test_the_run_record_counts_as_an_output(tmp_path: Path) -> None:
     nb.metadata["course"] = {"mode": "cpu", "seconds": 54.98, "load": [1.2, 1.9]}
     nbformat.write(nb, path)
     assert pc.unmatched_numbers(path, allowed=[]) == []
+
+
+def test_a_literal_of_an_executed_code_cell_counts_but_not_a_comment(tmp_path: Path) -> None:
+    path = _notebook(tmp_path, "We train at a rate of 5e-3 for 4.17 s a step.", "done\n")
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[1].source = "lr = 5e-3  # 4.17 s a step\nprint(x)"
+    nbformat.write(nb, path)
+    assert [f.what[:6] for f in pc.unmatched_numbers(path, allowed=[])] == ["'4.17'"]
+    nb.cells[1].execution_count = None  # a cell the stored run did not execute proves nothing
+    nbformat.write(nb, path)
+    assert len(pc.unmatched_numbers(path, allowed=[])) == 2
 
 
 def test_claims_must_name_a_section_with_an_executed_check(tmp_path: Path) -> None:

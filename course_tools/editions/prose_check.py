@@ -4,15 +4,16 @@ Two outside reads found sentences that quoted numbers no cell had printed ("5.4 
 give 5.57, a run time from an older run). This module makes the suite catch that class of mistake:
 
 - ``unmatched_numbers(nb, allowed)``: every number written in a Markdown cell must appear in a stored output of
-  the same notebook (or its ``metadata.course`` run record), read at the precision the prose prints it: "5.4"
+  the same notebook (or be a literal of one of its executed code cells, or in its ``metadata.course`` run
+  record), read at the precision the prose prints it: "5.4"
   matches an output 5.43, "84 s" an output 83.9, "22.7M" an output 22,713,216, "32%" an output 0.32, and
   Korean "1억 2,444만" an output 124,439,808. Not checked: code spans, math, link targets and HTML; section
   and list numbers, lesson numbers (``lesson 07``, ``단원 09``, a zero-padded ``07``), syllabus ids (``X6``), years
   of papers, names with digits (``GPT-2``, ``float16``), numbers that appear in the same cell's math or code
-  spans (a formula's constants), and every number of a sentence that cites a source (a link, an author-year
-  citation, the further-reading list). Anything else is declared in the lesson's allow-list
-  (``tests/prose_numbers/NN_topic.yaml``), each entry with its reason, or with a ``derived`` rule whose
-  operands are themselves printed numbers.
+  spans (a formula's constants), the writer's reading-time estimate, and every number of a sentence that
+  cites a source (a link, an author-year citation, the further-reading list). Anything else is declared in
+  the lesson's allow-list (``tests/prose_numbers/NN_topic.yaml``), each entry with its reason, or with a
+  ``derived`` rule whose operands are themselves printed numbers.
 - ``claim_problems(nb)``: each syllabus claim the goal cell lists names the sections (``§3``) whose executed
   check proves it; each named section exists and holds a code cell with an assertion or a comparison that
   was executed in the stored run.
@@ -128,8 +129,11 @@ def _structural(text: str) -> str:
     for pattern in (_LESSON_REF, _SECTION_REF):
         text = pattern.sub(lambda m: re.sub(r"\d", " ", m.group()), text)
     # a year beside a citation or in brackets: (2017), 2017), Vaswani 2017, 2017년
-    year = r"(?<=\()\s*(?:19|20)\d\d[a-z]?|(?:19|20)\d\d[a-z]?(?=\s*[),;]|년)"
+    year = r"(?<=\()\s*(?:1[5-9]|20)\d\d[a-z]?|(?:1[5-9]|20)\d\d[a-z]?(?=\s*[),;]|년)"
     text = re.sub(year, lambda m: " " * len(m.group()), text)
+    # the writer's estimate of the reading time is no result: "about 60 minutes of reading", "읽는 데 약 60분"
+    text = re.sub(r"\d+(?:[–\-]\d+)?(?= (?:minutes|hours) of (?:reading|writing))|(?<=읽는 데 약 )\d+",
+                  lambda m: " " * len(m.group()), text)
     # zero-padded lesson numbers (01, 07_gpt_model) and notebook file names
     text = re.sub(r"(?<![\w.,])0\d(?![\d.,]\d)", "  ", text)
     text = re.sub(r"\b\d\d_[a-z_]+", lambda m: " " * len(m.group()), text)
@@ -228,9 +232,22 @@ def _output_text(output: dict[str, Any]) -> str:
 _OUTPUT_NUMBER = re.compile(r"(?<![\w.])[-−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
 
+def _code_literals(source: str) -> str:
+    """The numeric literals of a code cell's source (its comments left out: a comment is prose, not code)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:  # IPython magics and the like: no literal counts
+        return ""
+    return " ".join(repr(node.value) for node in ast.walk(tree)
+                    if isinstance(node, ast.Constant) and type(node.value) in (int, float))
+
+
 def output_numbers(nb: nbformat.NotebookNode) -> list[float]:
-    """Every number (absolute value) printed in the stored outputs or the run record of a notebook."""
-    texts = [_output_text(o) for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    """Every number (absolute value) of a notebook's stored run: printed in an output, a literal of an executed
+    code cell (the run used it: ``steps=500``, ``lr=5e-3``), or in the run record ``metadata.course``."""
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    texts = [_output_text(o) for c in code for o in c.get("outputs", [])]
+    texts += [_code_literals(c.source) for c in code if c.get("execution_count") is not None]
     texts.append(str(nb.metadata.get("course", {})))
     numbers = []
     for text in texts:
