@@ -65,7 +65,7 @@ _SECTION_REF = re.compile(
     r"\d+절|(?:§\s*|\b[Ss]ections?\s+)\d+(?:\.\d+)*(?:\s*(?:[–\-,]|and|or|to|와|과|및)\s*§?\s*\d+(?:\.\d+)*)*"
 )
 _CITATION = re.compile(
-    r"\]\((?:https?:)?//|\bet al\.?\s*,?\s*\(?(?:19|20)\d\d|외\s*\(?(?:19|20)\d\d|"
+    r"\]\([^)\s]+\)|\bet al\.?\s*,?\s*\(?(?:19|20)\d\d|외\s*\(?(?:19|20)\d\d|"
     r"[A-Z][A-Za-z\-]+(?:,? (?:and |& )?[A-Z][A-Za-z\-]+)*,? \(?(?:19|20)\d\d[a-z]?\)|"
     r"[Ff]urther reading|더 읽을거리|arXiv"
 )
@@ -112,7 +112,7 @@ def _spans(text: str) -> tuple[str, str]:
         (r"```.*?```|~~~.*?~~~", re.S),
         (r"\$\$.*?\$\$", re.S),
         (r"(?<!\\)\$[^$\n]+?(?<!\\)\$", 0),
-        (r"`[^`\n]+`", 0),
+        (r"`[^`]+?`", 0),  # a code span may run across a line break
     ):
         hidden += [m.group() for m in re.finditer(pattern, text, flags)]
         text = _blank(text, pattern, flags)
@@ -359,6 +359,16 @@ _CHECK = re.compile(
 )
 
 
+_STAGES = re.compile(r"(?:\b[Ss]tages?|채점 단계)\s*(\d+)(?:\s*[–\-]\s*(\d+))?")
+
+
+def _stages(text: str) -> list[int]:
+    """The graded stages an entry names when it points at the solutions notebook ("stages 1–4")."""
+    if "solutions/" not in text:
+        return []
+    return [n for a, b in _STAGES.findall(text) for n in range(int(a), int(b or a) + 1)]
+
+
 def claimed(goal: str) -> dict[str, list[int]]:
     """The claim ids of a goal cell's claims paragraph, each with the sections it names (``§3``)."""
     m = _CLAIMS_START.search(goal)
@@ -371,18 +381,20 @@ def claimed(goal: str) -> dict[str, list[int]]:
     ids = [(mm.start(), mm.group(1)) for mm in _CLAIM_ID.finditer(text)]
     for (start, cid), (end, _) in zip(ids, ids[1:] + [(len(text), "")], strict=True):
         sections = [int(a or b) for a, b in _SECTION.findall(text[start:end])]
+        sections += [-n for n in _stages(text[start:end])]  # negative: a stage of the solutions notebook
         claims.setdefault(cid, []).extend(sections)
     return claims
 
 
-def sections(nb: nbformat.NotebookNode) -> dict[int, list[int]]:
-    """Section number -> the indices of the cells under that ``## N`` heading, up to the next ``##`` heading."""
+def sections(nb: nbformat.NotebookNode, heading: str = r"^##\s+(\d+)\b") -> dict[int, list[int]]:
+    """Section number -> the indices of the cells under that ``## N`` heading (or the ``heading`` pattern's
+    number), up to the next ``##`` heading."""
     result: dict[int, list[int]] = {}
     current: int | None = None
     for index, cell in enumerate(nb.cells):
         if cell.cell_type == "markdown":
             for line in cell.source.splitlines():
-                m = re.match(r"^##\s+(\d+)\b", line)
+                m = re.match(heading, line)
                 if m:
                     current = int(m.group(1))
                     result.setdefault(current, [])
@@ -403,6 +415,11 @@ def claim_problems(path: Path) -> list[Finding]:
     index = nb.cells.index(goal)
     claims = claimed(goal.source)
     parts = sections(nb)
+    solutions = ROOT / "solutions" / path.name
+    if solutions.exists():  # the graded stages of the lesson's solutions notebook, as negative numbers
+        graded = nbformat.read(solutions, as_version=4)
+        parts.update({-n: cells for n, cells in sections(graded, r"^##\s+Stage\s+(\d+)\b").items()})
+        stage_cells = graded.cells
     findings = []
     if not claims and not path.name.startswith("00_"):  # lesson 00 sets up the machine and claims nothing
         findings.append(Finding(str(path), index, goal.get("id", ""), "the goal cell lists no syllabus claims"))
@@ -411,14 +428,16 @@ def claim_problems(path: Path) -> list[Finding]:
             findings.append(Finding(str(path), index, goal.get("id", ""),
                                     f"claim {cid} names no section (§N) that proves it"))
         for n in numbers:
+            where = f"section {n}" if n > 0 else f"stage {-n} of {solutions.relative_to(ROOT)}"
             if n not in parts:
-                findings.append(Finding(str(path), index, goal.get("id", ""), f"claim {cid}: there is no section {n}"))
+                findings.append(Finding(str(path), index, goal.get("id", ""), f"claim {cid}: there is no {where}"))
                 continue
-            proofs = [i for i in parts[n] if nb.cells[i].cell_type == "code" and _CHECK.search(nb.cells[i].source)
-                      and nb.cells[i].get("execution_count") is not None]
+            cells = nb.cells if n > 0 else stage_cells
+            proofs = [i for i in parts[n] if cells[i].cell_type == "code" and _CHECK.search(cells[i].source)
+                      and cells[i].get("execution_count") is not None]
             if not proofs:
                 findings.append(Finding(str(path), index, goal.get("id", ""),
-                                        f"claim {cid}: section {n} has no executed assertion or comparison"))
+                                        f"claim {cid}: {where} has no executed assertion or comparison"))
     return findings
 
 
