@@ -69,6 +69,31 @@ def test_korean_prose_is_korean(path):
     assert english == [], [c.id for c in english]
 
 
+# What is not prose: fenced code, display and inline maths, code spans, HTML tags, link targets, bare URLs.
+NOT_PROSE = re.compile(r"```.*?```|\$\$.*?\$\$|\$[^$\n]+\$|`[^`\n]*`|<[^>\n]+>|\]\([^)\s]*\)|https?://\S+", re.S)
+MIN_HANGUL_SHARE = 0.6  # the lessons measure 0.71-0.92; untranslated English prose pulls a lesson under it
+
+
+def hangul_share(markdown: str) -> float:
+    """Share of Hangul syllables among the letters of Markdown prose (code, maths and link targets left out)."""
+    letters = [ch for ch in NOT_PROSE.sub(" ", markdown) if ch.isalpha()]
+    return sum(bool(HANGUL.match(ch)) for ch in letters) / len(letters)
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if p.parent.name == "ko"], ids=lambda p: p.stem)
+def test_korean_prose_letters_are_mostly_hangul(path):
+    """A cell may keep an English term or title, but a lesson's prose as a whole reads in Korean."""
+    for folder in translate.SECTIONS.values():
+        nb = banner.without(nbformat.read(ROOT / folder / "ko" / f"{path.stem}.ipynb", as_version=4))
+        share = hangul_share("\n".join(c.source for c in nb.cells if c.cell_type == "markdown"))
+        assert share >= MIN_HANGUL_SHARE, f"{folder}/ko/{path.stem}: {share:.0%} of its prose letters are Hangul"
+
+
+def test_hangul_share_counts_prose_letters_only():
+    assert hangul_share("한국어 `code_span` $x + y$ [글](https://example.org)") == 1.0
+    assert hangul_share("```python\nprint('x')\n```\n한글 ab") == 0.5
+
+
 @pytest.mark.parametrize("path", FILES, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_exercise_edition_grades_like_english(path):
     """Same grade ids, points and lesson metadata: the grader identifies it as the English lesson."""
