@@ -3,11 +3,13 @@
 Subpackages, one per job:
 
 - ``cli``: the ``course`` command and the subcommands that run models and notebooks (doctor, run, train,
-  sample, bench, gpu-check, chat) with their run-time tuning;
+  sample, chat) with the run-time tuning and the processes of training;
 - ``exercises``: the checks a notebook calls, each lesson's references, predictions, ``course assign``;
 - ``grading``: ``course grade``, the sandbox, the typed job contract between grader and worker, reports;
 - ``editions``: ``course translate`` (with the catalogue of check messages) and ``course slides``, and the
-  banner of every generated file.
+  banner of every generated file;
+- ``dev``: ``course-dev``, the developers' tools that learners never need: the benchmarks
+  (``course-dev bench cpu|gpu|llama-cpp``) and the one-call GPU check (``course-dev gpu-check``).
 
 Three modules stand alone: ``messages`` speaks the learner's language in checks and feedback (read by the
 kernel and the grader alike), ``notebook_exec`` executes a notebook in a kernel (for ``course run`` and the

@@ -1,4 +1,5 @@
-"""``course bench --cpu`` at a tiny size: both models the same size, a table with the ratio."""
+"""``course-dev bench``: ``cpu`` at a tiny size (both models the same size, a table with the ratio), the
+interleaved rounds all three modes share, and the mistakes argparse turns away."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import sys
 import pytest
 import torch
 
-from course_tools.cli import bench
-from course_tools.cli import main as cli
+from course_tools.dev import main as course_dev
+from course_tools.dev.bench import cpu as bench
+from course_tools.dev.bench import shared
 
 
 def test_the_two_models_have_the_same_parameters():
@@ -24,7 +26,7 @@ def test_the_two_models_have_the_same_parameters():
 
 def test_bench_prints_speeds_the_ratio_and_its_interval(capsys):
     threads = torch.get_num_threads()
-    assert cli(["bench", "--cpu", "--sizes", "tiny", "--threads", "1", "--rounds", "1", "--steps", "1"]) == 0
+    assert course_dev(["bench", "cpu", "--sizes", "tiny", "--threads", "1", "--rounds", "1", "--steps", "1"]) == 0
     assert torch.get_num_threads() == threads  # restored
     out = capsys.readouterr().out
     row = re.search(r"^tiny\s+1\s+1\s+([\d,]+)\s+([\d,]+)\s+([\d.]+)\s+([\d.]+)-([\d.]+)$", out, re.M)
@@ -38,7 +40,7 @@ def test_bench_prints_speeds_the_ratio_and_its_interval(capsys):
 
 
 class FakeTrainer:
-    """Stands in for ``bench.Trainer``: each call takes the next of ``times`` and logs its name."""
+    """Stands in for ``cpu.Trainer``: each call takes the next of ``times`` and logs its name."""
 
     def __init__(self, name: str, times: list[float], log: list[str]) -> None:
         self.name, self.times, self.log, self.tokens_per_step = name, iter(times), log, 100
@@ -82,36 +84,55 @@ def test_without_rounds_as_many_as_fit_in_the_seconds(monkeypatch):
 def test_median_interval_has_its_stated_coverage():
     # n = 41: ranks 14 and 28 (1-based) from the binomial, the textbook values for a 95% interval
     xs = [float(i) for i in range(41)]
-    assert bench.median_interval(xs[::-1]) == (13.0, 27.0)
-    assert bench.median_interval([2.0, 1.0, 3.0]) == (1.0, 3.0)  # too few for 95%: the range
-    assert bench.median_interval([4.0]) == (4.0, 4.0)
+    assert shared.median_interval(xs[::-1]) == (13.0, 27.0)
+    assert shared.median_interval([2.0, 1.0, 3.0]) == (1.0, 3.0)  # too few for 95%: the range
+    assert shared.median_interval([4.0]) == (4.0, 4.0)
     # coverage on random samples from a skewed distribution whose median is known (exponential: ln 2)
     gen = torch.Generator().manual_seed(0)
     samples = torch.empty(4000, 41).exponential_(generator=gen)
-    hits = sum(lo <= math.log(2) <= hi for lo, hi in (bench.median_interval(s.tolist()) for s in samples))
+    hits = sum(lo <= math.log(2) <= hi for lo, hi in (shared.median_interval(s.tolist()) for s in samples))
     assert 0.96 <= hits / 4000 <= 0.985  # exact coverage for n = 41: 1 - 2 P(Binomial(41, 1/2) <= 13) = 0.972
     with pytest.raises(ValueError, match="at least one value"):
-        bench.median_interval([])
+        shared.median_interval([])
     with pytest.raises(ValueError, match="confidence"):
-        bench.median_interval([1.0], confidence=1.0)
+        shared.median_interval([1.0], confidence=1.0)
 
 
-def test_bench_mistakes_are_one_line(capsys):
-    assert cli(["bench"]) == 2
-    assert capsys.readouterr().err == "course bench: error: say where: `course bench --cpu` or `course bench --gpu`\n"
-    assert cli(["bench", "--cpu", "--dry-run"]) == 2
-    assert capsys.readouterr().err == "course bench: error: --dry-run, --nanogpt and --json go with --gpu\n"
-    assert cli(["bench", "--gpu"]) == 2  # no CUDA on this machine
-    assert capsys.readouterr().err.startswith("course bench: error: course bench --gpu needs a CUDA device")
-    assert cli(["bench", "--cpu", "--rounds", "0"]) == 2
-    assert capsys.readouterr().err == "course bench: error: --rounds and --steps must be at least 1\n"
-    assert cli(["bench", "--cpu", "--sizes", "huge"]) == 2
-    assert capsys.readouterr().err.startswith("course bench: error: unknown size 'huge'; choose from cpu, char")
+def test_interleave_rotates_the_order_every_round():
+    log: list[str] = []
+    runs = {name: (lambda name=name: log.append(name) or len(log)) for name in "abc"}
+    assert shared.interleave(runs, 4) == {"a": [1, 6, 8, 10], "b": [2, 4, 9, 11], "c": [3, 5, 7, 12]}
+    assert log == list("abc" "bca" "cab" "abc")
+    assert shared.interleave({"x": lambda: 1}, 0) == {"x": []}
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["bench"], "the following arguments are required: mode"),
+    (["bench", "cpu", "--dry-run"], "unrecognized arguments: --dry-run"),
+    (["bench", "cpu", "--rounds", "0"], "argument --rounds: must be at least 1, got 0"),
+    (["bench", "cpu", "--steps", "two"], "argument --steps: 'two' is not a whole number"),
+    (["bench", "cpu", "--sizes", "huge"], "argument --sizes: invalid choice: 'huge' (choose from"),
+    (["bench", "gpu", "--batch", "-4"], "argument --batch: must be at least 1, got -4"),
+    (["bench", "llama-cpp", "--threads", "1", "2"], "unrecognized arguments: 2"),
+])
+def test_bench_mistakes_are_one_line_from_argparse(capsys, argv, message):
+    with pytest.raises(SystemExit) as info:
+        course_dev(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err.splitlines()[-1], err
+
+
+def test_gpu_without_cuda_names_the_fix(capsys):
+    assert course_dev(["bench", "gpu"]) == 2  # no CUDA on this machine
+    assert capsys.readouterr().err == ("course-dev bench gpu: error: no CUDA device here (found cpu); use `course-dev "
+                                       "bench cpu`, or `course-dev bench gpu --dry-run` to test the command\n")
 
 
 def test_llama_cpp_missing_names_the_install(capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as where llama-cpp-python was never built
-    assert cli(["bench", "--llama-cpp"]) == 2
+    assert course_dev(["bench", "llama-cpp"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("course bench: error: llama-cpp-python is not installed; `pip install llama-cpp-python`")
+    assert err.startswith("course-dev bench llama-cpp: error: llama-cpp-python is not installed; "
+                          "`pip install llama-cpp-python`")
     assert err.count("\n") == 1

@@ -1,5 +1,7 @@
-"""The `course` command: subcommands are wired, doctor and run behave as documented."""
+"""The `course` command: subcommands are wired, doctor and run behave as documented; the developers'
+`course-dev` is wired too, and `course` offers none of its tools."""
 
+import argparse
 import json
 
 import nbformat
@@ -7,6 +9,7 @@ import pytest
 import torch
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+from course_tools import dev
 from course_tools.cli import COMMANDS, main
 from course_tools.cli.run import SLOW_CELL_S
 
@@ -17,6 +20,28 @@ def test_every_subcommand_has_help(capsys):
             main([name, "--help"])
         assert info.value.code == 0
         assert f"usage: course {name}" in capsys.readouterr().out
+
+
+def test_every_course_dev_command_has_help(capsys):
+    """Down to the leaves: ``course-dev bench cpu --help`` as well as ``course-dev bench --help``."""
+    def walk(words: list[str], parser: argparse.ArgumentParser) -> list[list[str]]:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        return [words] + [w for a in subs for name, child in a.choices.items() for w in walk([*words, name], child)]
+
+    commands = walk([], dev.parser())[1:]
+    assert ["bench", "llama-cpp"] in commands and ["gpu-check"] in commands and len(commands) == 5
+    for words in commands:
+        with pytest.raises(SystemExit) as info:
+            dev.main([*words, "--help"])
+        assert info.value.code == 0
+        assert f"usage: course-dev {' '.join(words)}" in capsys.readouterr().out
+
+
+def test_course_offers_no_developer_tool(capsys):
+    assert not set(COMMANDS) & set(dev.COMMANDS)
+    with pytest.raises(SystemExit):
+        main(["bench", "--cpu"])
+    assert "invalid choice: 'bench'" in capsys.readouterr().err
 
 
 def test_doctor_prints_one_line_per_check(capsys):

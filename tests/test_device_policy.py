@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from course_tools.cli import main as course
-from course_tools.cli import tuning
+from course_tools.cli import process_group
 from course_utils import runtime, train
 from course_utils.gpt import GPT, GPTConfig
 
@@ -82,7 +82,7 @@ def test_runtime_prefers_cuda_then_mps_then_cpu(hardware):
 
 
 def test_the_trainer_runs_where_runtime_says(hardware):
-    assert tuning.setup_distributed().device == hardware
+    assert process_group.join().device == hardware
     torch.manual_seed(0)
     model = StaysOnCPU(GPTConfig(10, max_len=8, n_layers=1, n_heads=1, d_model=8))
     run = train.set_up(model, torch.arange(50) % 10, torch.arange(50) % 10, train.TrainConfig())
@@ -108,11 +108,11 @@ def test_course_sample_loads_on_the_runtime_device(hardware, monkeypatch, capsys
 
 
 def test_no_lesson_or_module_has_a_device_policy_of_its_own():
-    """A lint, not a behaviour test: only runtime.py asks the hardware (tuning.py too, for the
+    """A lint, not a behaviour test: only runtime.py asks the hardware (process_group.py too, for the
     per-process GPU under torchrun, which tests/test_train.py runs on the CPU with gloo)."""
     offenders = []
     for path in sorted((ROOT / "course_utils").glob("*.py")) + sorted((ROOT / "course_tools").rglob("*.py")):
-        if path.name not in ("runtime.py", "tuning.py") and "cuda.is_available()" in path.read_text():
+        if path.name not in ("runtime.py", "process_group.py") and "cuda.is_available()" in path.read_text():
             offenders.append(str(path.relative_to(ROOT)))
     for folder in ("notebooks", "solutions"):
         for path in sorted((ROOT / folder).glob("*.ipynb")):
@@ -121,8 +121,8 @@ def test_no_lesson_or_module_has_a_device_policy_of_its_own():
             if "cuda.is_available()" in code:
                 offenders.append(str(path.relative_to(ROOT)))
     assert offenders == [], "use runtime.device() instead"
-    tuning = (ROOT / "course_tools" / "cli" / "tuning.py").read_text()
-    assert tuning.count("cuda.is_available()") == 1  # only setup_distributed's per-process GPU under torchrun
+    processes = (ROOT / "course_tools" / "cli" / "process_group.py").read_text()
+    assert processes.count("cuda.is_available()") == 1  # only join's per-process GPU under torchrun
 
 
 def test_exact_arithmetic_falls_back_to_float32_only_on_mps():

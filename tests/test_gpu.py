@@ -1,4 +1,4 @@
-"""The GPU paths, on a real CUDA device: ``course gpu-check`` runs this file there and records each verdict.
+"""The GPU paths, on a real CUDA device: ``course-dev gpu-check`` runs this file there and records each verdict.
 
 Without CUDA every test but the MFU arithmetic skips with its reason (the CPU paths are tested in
 test_train.py and test_device_policy.py); tests/test_gpu_check.py runs the whole check as a dry run.
@@ -114,8 +114,8 @@ def test_fused_adamw_step_on_cuda_equals_the_loop():
 @needs_cuda
 def test_ddp_with_nccl_on_one_process_under_torchrun(tmp_path):
     code = ("import torch.distributed as dist\n"
-            "from course_tools import tuning\n"
-            "where = tuning.setup_distributed()\n"
+            "from course_tools.cli import process_group\n"
+            "where = process_group.join()\n"
             "assert dist.get_backend() == 'nccl', dist.get_backend()\n"
             "assert where.device.type == 'cuda' and where.world_size == 1\n"
             "dist.destroy_process_group()\n")

@@ -1,4 +1,4 @@
-"""``course gpu-check --dry-run``: the one-call GPU check runs every step on the CPU at tiny sizes,
+"""``course-dev gpu-check --dry-run``: the one-call GPU check runs every step on the CPU at tiny sizes,
 so it cannot rot between the rare runs on a lent GPU."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_tools.cli import gpu_check
-from course_tools.cli import main as cli
+from course_tools.dev import gpu_check
+from course_tools.dev import main as course_dev
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     out = tmp_path_factory.mktemp("gpu-check")
-    done = subprocess.run([sys.executable, "-m", "course_tools.cli", "gpu-check", "--dry-run", "--out", str(out)],
+    done = subprocess.run([sys.executable, "-m", "course_tools.dev", "gpu-check", "--dry-run", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
     return done, out
 
@@ -73,8 +73,8 @@ def test_time_to_target_reads_the_first_evaluation_at_or_below_it():
 
 
 def test_gpu_check_mistakes_are_one_line(capsys, tmp_path):
-    assert cli(["gpu-check", "--out", str(tmp_path), "--dry-run", "--only", "tests,warp"]) == 2
-    assert capsys.readouterr().err == ("course gpu-check: error: unknown step 'warp'; "
+    assert course_dev(["gpu-check", "--out", str(tmp_path), "--dry-run", "--only", "tests,warp"]) == 2
+    assert capsys.readouterr().err == ("course-dev gpu-check: error: unknown step 'warp'; "
                                        "choose from tests, bench, char, lessons\n")
-    assert cli(["gpu-check", "--out", str(tmp_path)]) == 2  # no CUDA here, no --dry-run
+    assert course_dev(["gpu-check", "--out", str(tmp_path)]) == 2  # no CUDA here, no --dry-run
     assert "run with --dry-run" in capsys.readouterr().err

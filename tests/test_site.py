@@ -41,9 +41,8 @@ def test_every_lesson_and_exercise_has_a_page_and_a_download(site):
 def test_command_reference_is_current_and_names_every_flag(site):
     assert commands.main(["--check"]) == 0, "run python docs/commands.py"
     text = commands.PAGE.read_text(encoding="utf-8")
-    parsers, _ = commands.subcommands()
-    for name, parser in parsers.items():
-        assert f"## `course {name}`" in text
+    for words, (parser, _) in every_command().items():
+        assert f"### `{words}`" in text
         for action in parser._actions:
             if isinstance(action, argparse._HelpAction):  # -h/--help: every command has it, the page says so once
                 continue
@@ -126,11 +125,17 @@ def test_pages_say_their_language_and_link_to_the_other_one(site):
 
 def test_every_argument_of_every_command_is_described_on_one_table_row():
     """A row without text tells the reader nothing; a line break inside a cell ends the Markdown table."""
-    parsers, _ = commands.subcommands()
-    for name, parser in parsers.items():
+    for words, (parser, _) in every_command().items():
         for action in parser._actions:
             if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
                 continue
             written, text = commands.argument(action)
-            assert text.strip(), f"course {name} {written}: add help= to its add_argument"
-            assert "\n" not in written + text, f"course {name} {written}: a line break in its row"
+            assert text.strip(), f"{words} {written}: add help= to its add_argument"
+            assert "\n" not in written + text, f"{words} {written}: a line break in its row"
+
+
+def every_command() -> dict:
+    """``course doctor`` ... ``course-dev bench cpu`` ...: every command of both entry points, with its parser."""
+    found = {words: parsed for entry in commands.entry_points() for words, parsed in commands.commands(entry).items()}
+    assert "course train" in found and "course-dev bench llama-cpp" in found and "course-dev bench" not in found
+    return found

@@ -1,11 +1,12 @@
 """Run-time tuning of ``course train`` (course_tools.cli.tuning): measured thread counts and the
-fall-back under contention, when to compile on a CPU, the peaks behind MFU, the process set-up."""
+fall-back under contention, when to compile on a CPU, the peaks behind MFU; and its processes
+(course_tools.cli.process_group)."""
 
 import pytest
 import torch
 
 from course_tools.cli import main as course
-from course_tools.cli import tuning
+from course_tools.cli import process_group, tuning
 from course_tools.cli.tuning import ThreadTuner
 from course_utils import train as T
 from course_utils.gpt import GPT, GPTConfig
@@ -141,8 +142,8 @@ def test_mfu_divides_by_the_peak_on_cuda_only(monkeypatch):
 
 def test_one_process_runs_on_the_runtime_device(monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
-    assert tuning.setup_distributed() == T.Dist(device=T.runtime.device())
-    tuning.close_distributed()  # no process group: nothing to close, no error
+    assert process_group.join() == T.Dist(device=T.runtime.device())
+    process_group.leave()  # no process group: nothing to close, no error
 
 
 def test_wrap_compiles_lazily_and_shares_the_weights():

@@ -1,9 +1,9 @@
-"""The command line: ``course`` and its subcommands (doctor, run, assign, grade, train, sample, bench,
-gpu-check, translate, slides, chat).
+"""The command line: ``course`` and its subcommands (doctor, run, assign, grade, train, sample, translate,
+slides, chat), what learners and instructors use; the developers' tools are ``course-dev`` (``course_tools.dev``).
 
 The modules of this package are the subcommands that run models and notebooks (``doctor``, ``run``,
-``train``, ``sample``, ``bench``/``bench_gpu``, ``gpu_check``, ``chat``) and the run-time tuning they
-use (``tuning``); ``assign``, ``grade``, ``translate`` and ``slides`` register from the subpackage
+``train``, ``sample``, ``chat``), the run-time tuning of training (``tuning``) and its processes
+(``process_group``); ``assign``, ``grade``, ``translate`` and ``slides`` register from the subpackage
 whose job they are (``exercises``, ``grading``, ``editions``). Every module registers its subcommand with
 ``add_parser(subparsers)``; ``errors`` turns a user's mistake into one line.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from course_tools.cli import bench, chat, doctor, gpu_check, run, sample, train
+from course_tools.cli import chat, doctor, run, sample, train
 from course_tools.editions import slides, translate
 from course_tools.exercises import assign
 from course_tools.grading import grade
@@ -26,8 +26,6 @@ COMMANDS = {
     "grade": grade,
     "train": train,
     "sample": sample,
-    "bench": bench,
-    "gpu-check": gpu_check,
     "translate": translate,
     "slides": slides,
     "chat": chat,
@@ -36,12 +34,17 @@ DESCRIPTION = ("The Transformer course's command: check the setup, run and grade
                "sample a GPT, chat with SmolLM2, build slides. `course X --help` describes X.")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="course", description=DESCRIPTION)
-    sub = parser.add_subparsers(dest="command", required=True)
+def parser() -> argparse.ArgumentParser:
+    """``course`` with every subcommand registered."""
+    p = argparse.ArgumentParser(prog="course", description=DESCRIPTION)
+    sub = p.add_subparsers(dest="command", required=True)
     for module in COMMANDS.values():
         module.add_parser(sub)
-    args = parser.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     return int(args.func(args) or 0)
 
 

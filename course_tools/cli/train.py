@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from course_tools.cli import tuning
+from course_tools.cli import process_group, tuning
 from course_tools.cli.errors import USER_ERRORS, fail
 from course_utils import counting, data, gpt, train
 from course_utils.bpe import BPETokenizer
@@ -158,14 +158,14 @@ def summary(job: Job, result: train.TrainResult, where: train.Dist) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``course train``: the processes and threads (``tuning``), then everything else from the
-    arguments; train; report; leave the process group."""
-    where = tuning.setup_distributed()
+    """``course train``: the processes (``process_group``) and threads (``tuning``), then everything
+    else from the arguments; train; report; leave the process group."""
+    where = process_group.join()
     try:
         tuner = tuning.choose_threads(args.threads, where)
         job = prepare(args, where)
     except USER_ERRORS as err:
-        tuning.close_distributed()
+        process_group.leave()
         return fail(PROG, err)
     if where.is_main:
         print(f"{args.config}: {counting.count_params(job.model.config):,} parameters, {job.tokenizer!r}, "
@@ -178,5 +178,5 @@ def run(args: argparse.Namespace) -> int:
         if tuner is not None:
             print("threads: " + "; then ".join(tuner.log or ["1 (too few steps to measure)"]))
         print(summary(job, result, where))
-    tuning.close_distributed()
+    process_group.leave()
     return 0

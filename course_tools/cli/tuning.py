@@ -1,48 +1,17 @@
-"""Run-time tuning for ``course train``: processes, CPU threads, when to compile, and the peaks that
-model FLOPs utilisation is measured against. None of it is part of what the lessons teach, so it
-lives here, beside the command line, and the trainer (``course_utils.train``) receives its choices
-as arguments (``where``, ``TrainConfig.compile``, ``on_step``).
+"""Run-time tuning for ``course train``: CPU threads, when to compile, and the peaks that model FLOPs
+utilisation is measured against. None of it is part of what the lessons teach, so it lives here,
+beside the command line, and the trainer (``course_utils.train``) receives its choices as arguments
+(``TrainConfig.compile``, ``on_step``); the processes are ``process_group``'s.
 """
 
 from __future__ import annotations
 
-import os
 import statistics
 from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
 
-from course_utils import runtime
 from course_utils.train import Dist
-
-# ---------------------------------------------------------------------------------------------
-# Processes: one, or one per GPU under torchrun
-
-
-def setup_distributed() -> Dist:
-    """One process: ``runtime.device()``. Under ``torchrun``: join the process group, each process
-    on its own GPU ``cuda:LOCAL_RANK`` with NCCL, or on the CPU with gloo (MPS has no DDP backend).
-    ``close_distributed`` leaves the group again."""
-    if "RANK" not in os.environ:
-        return Dist(device=runtime.device())
-    rank, world, local = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-    else:
-        device = torch.device("cpu")
-    if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    return Dist(rank, world, device)
-
-
-def close_distributed() -> None:
-    """Wait for every rank (rank 0 may still be writing the checkpoint), then leave the process group."""
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-
 
 # ---------------------------------------------------------------------------------------------
 # CPU threads: the one policy

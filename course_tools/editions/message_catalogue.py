@@ -31,6 +31,7 @@ import re
 from pathlib import Path
 
 from course_tools import messages
+from course_tools.editions.translation_yaml import literal_str, load_translation
 from course_tools.exercises import REFERENCES
 
 FOLDER = "messages"  # translations/<lang>/messages/
@@ -199,8 +200,6 @@ def sources(root: Path, filled: set[str] | None = None) -> dict[str, dict[str, t
 
 
 def _load(path: Path) -> dict:
-    from course_tools.editions.translate import load_translation
-
     return load_translation(path, ("references", "reveals", *CODE)) if path.exists() else {}
 
 
@@ -254,9 +253,7 @@ def scaffold(root: Path, lang: str) -> list[Path]:
     """Add every message still missing to ``translations/<lang>/messages/*.yaml`` (text = the English)."""
     import yaml
 
-    from course_tools.editions.translate import _literal_str
-
-    yaml.add_representer(str, _literal_str, Dumper=yaml.SafeDumper)
+    yaml.add_representer(str, literal_str, Dumper=yaml.SafeDumper)
     written = []
     for stem, sections in sources(root).items():
         path = root / "translations" / lang / FOLDER / f"{stem}.yaml"

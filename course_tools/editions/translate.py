@@ -26,6 +26,7 @@ import nbformat
 
 from course_tools import messages
 from course_tools.editions import banner, message_catalogue
+from course_tools.editions.translation_yaml import literal_str, load_translation
 
 ROOT = Path(__file__).resolve().parents[2]
 TRANSLATIONS = "translations"  # the sources of every edition: translations/<lang>/NN_topic.yaml, .../docs/DOC.yaml
@@ -59,20 +60,6 @@ def translation_files(root: Path, lang: str) -> list[Path]:
 
 def document_files(root: Path, lang: str) -> list[Path]:
     return sorted((root / TRANSLATIONS / lang / "docs").glob("*.yaml"))
-
-
-def load_translation(path: Path, allowed: tuple[str, ...] = tuple(SECTIONS)) -> dict:
-    """Read a translation file; a malformed one raises ValueError naming the file."""
-    import yaml  # a developer tool: imported here so the learners' `course` runs without PyYAML
-
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path.name}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    unknown = set(data) - set(allowed)
-    if unknown:
-        raise ValueError(f"{path.name}: unknown sections {sorted(unknown)}; use {sorted(allowed)}")
-    return data
 
 
 def translated(entry: dict | None, english: str, what: str) -> tuple[str | None, list[str]]:
@@ -180,7 +167,7 @@ def build_file(root: Path, path: Path, catalogue: messages.Catalogue | None = No
     """Build the notebooks one translation file describes (notebooks/<lang>/NN.ipynb, exercises/<lang>/NN.ipynb)."""
     lang, lesson = path.parent.name, path.stem
     edition = Edition()
-    data = load_translation(path)
+    data = load_translation(path, tuple(SECTIONS))
     for section, folder in SECTIONS.items():
         english = root / folder / f"{lesson}.ipynb"
         if not english.exists():
@@ -236,7 +223,7 @@ def scaffold(root: Path, lang: str, lesson: str) -> Path:
                 entries[key] = {"hash": source_hash(text), "text": text}
     else:
         path = root / TRANSLATIONS / lang / f"{lesson}.yaml"
-        data = load_translation(path) if path.exists() else {}
+        data = load_translation(path, tuple(SECTIONS)) if path.exists() else {}
         for section, folder in SECTIONS.items():
             english = root / folder / f"{lesson}.ipynb"
             if not english.exists():
@@ -245,15 +232,10 @@ def scaffold(root: Path, lang: str, lesson: str) -> Path:
             for cell in banner.without(nbformat.read(english, as_version=4)).cells:
                 if cell.cell_type == "markdown" and cell.id not in entries:
                     entries[cell.id] = {"hash": source_hash(cell.source), "text": cell.source}
-    yaml.add_representer(str, _literal_str, Dumper=yaml.SafeDumper)
+    yaml.add_representer(str, literal_str, Dumper=yaml.SafeDumper)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(data, allow_unicode=True, sort_keys=False, width=1000), encoding="utf-8")
     return path
-
-
-def _literal_str(dumper, text: str):
-    style = "|" if "\n" in text else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import re
 import shutil
 from pathlib import Path
@@ -34,6 +35,17 @@ NOTE_TAG = "solution-note"  # cells of solutions/ that explain an answer; studen
 # the solutions' "*Stored outputs: ...*" line, which is not true of an exercise notebook
 STORED_OUTPUTS = re.compile(r"^\*Stored outputs:[^\n]*\*$", re.MULTILINE)
 NO_OUTPUTS = "*No stored outputs: run the cells from the top; each check prints its verdict.*"
+# the nbgrader_config.py of `course assign --nbgrader DIR`: nbgrader imports nbgrader_release (which needs
+# nbgrader) when it reads it; this module only writes the text
+NBGRADER_CONFIG = (
+    "# nbgrader configuration written by `course assign --nbgrader` (course_tools/exercises/nbgrader_release.py):\n"
+    '''# generate_assignment releases what `course assign` writes to exercises/ (no "Why this answer" notes,
+# the self-check placeholders kept). Needs the course on the Python path: pip install -e '.[grading]'.
+from course_tools.exercises.nbgrader_release import generate_assignment_preprocessors
+
+c = get_config()  # noqa: F821  (nbgrader's config loader defines it)
+c.GenerateAssignment.preprocessors = generate_assignment_preprocessors()
+''')
 
 
 class AssignError(ValueError):
@@ -127,15 +139,15 @@ def write_nbgrader(solutions: Path, course: Path) -> list[Path]:
     """An nbgrader course folder at ``course``: ``nbgrader_config.py`` (the course's release
     preprocessors; an existing config of your own is left alone, with an error naming the two lines
     to add) and ``source/NN_topic/NN_topic.ipynb``, every solutions notebook as nbgrader's source."""
-    from course_tools.exercises.nbgrader_release import CONFIG
-
+    if importlib.util.find_spec("nbgrader") is None:  # the config's preprocessors (nbgrader_release) need it
+        raise ImportError("nbgrader is not installed")
     course.mkdir(parents=True, exist_ok=True)
     config = course / "nbgrader_config.py"
-    if config.exists() and not config.read_text().startswith(CONFIG.splitlines()[0]):
+    if config.exists() and not config.read_text().startswith(NBGRADER_CONFIG.splitlines()[0]):
         raise AssignError(f"{config} is your own: add `from course_tools.exercises.nbgrader_release import "
                           "generate_assignment_preprocessors` and `c.GenerateAssignment.preprocessors = "
                           "generate_assignment_preprocessors()` to it, or pass another folder")
-    config.write_text(CONFIG)
+    config.write_text(NBGRADER_CONFIG)
     written = [config]
     for src in sorted(solutions.glob("*.ipynb")):
         dest = course / "source" / lesson_of(src) / src.name

@@ -60,12 +60,3 @@ def generate_assignment_preprocessors() -> list[type]:
                            "use nbgrader 0.9 (pip install -e '.[grading]')")
     return [StudentVersion, *(CourseClearSolutions if p is ClearSolutions else p for p in default)]
 
-
-CONFIG = '''# nbgrader configuration written by `course assign --nbgrader` (course_tools/exercises/nbgrader_release.py):
-# generate_assignment releases what `course assign` writes to exercises/ (no "Why this answer" notes,
-# the self-check placeholders kept). Needs the course on the Python path: pip install -e '.[grading]'.
-from course_tools.exercises.nbgrader_release import generate_assignment_preprocessors
-
-c = get_config()  # noqa: F821  (nbgrader's config loader defines it)
-c.GenerateAssignment.preprocessors = generate_assignment_preprocessors()
-'''

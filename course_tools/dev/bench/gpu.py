@@ -1,4 +1,4 @@
-"""``course bench --gpu``: GPT-2 small's training speed and model FLOPs utilisation on one CUDA device.
+"""``course-dev bench gpu``: GPT-2 small's training speed and model FLOPs utilisation on one CUDA device.
 
 Three implementations of the same 124M-parameter model (12 blocks × width 768, 12 heads, context
 1,024, nanoGPT's padded vocabulary of 50,304 so the unembedding is a multiple of 64) train on the
@@ -10,11 +10,11 @@ matmuls, ``torch.compile`` and fused AdamW, at the largest micro-batch that fits
 - ``nanogpt``: nanoGPT's ``model.py`` (``--nanogpt PATH``: the file from a clone of nanoGPT, which
   the course does not ship), built with nanoGPT's own ``GPTConfig``.
 
-They are timed in one process and interleaved (a few steps of each in turn, the order rotating),
-so a change in clocks or a neighbour affects all alike; each speed is the median over rounds, and
-each ratio the median of the per-round ratios (the course's GPT over the other; above 1, ours is
-faster). MFU is the achieved FLOP/s (6N + 12·L·T·d per token, ``counting.flops_per_token``) over the
-device's dense bf16 peak.
+They are timed in one process and interleaved (a few steps of each in turn, the order rotating:
+``shared.interleave``), so a change in clocks or a neighbour affects all alike; each speed is the
+median over rounds, and each ratio the median of the per-round ratios (the course's GPT over the
+other; above 1, ours is faster). MFU is the achieved FLOP/s (6N + 12·L·T·d per token,
+``counting.flops_per_token``) over the device's dense bf16 peak.
 
 ``--dry-run`` runs the same code on the CPU at a tiny size in float32 without compiling (each
 GPU-only step says why it was skipped), so the command is tested by CI without a GPU.
@@ -22,7 +22,9 @@ GPU-only step says why it was skipped), so the command is tested by CI without a
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
+import json
 import statistics
 import time
 from collections.abc import Callable
@@ -34,8 +36,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from course_tools.cli import tuning
-from course_tools.cli.bench import BenchSize
+from course_tools.cli.errors import fail
+from course_tools.dev.bench.shared import ROUNDS, BenchSize, at_least_one, interleave, reference_model
 from course_utils import counting, gpt, runtime, train
+
+PROG = "course-dev bench gpu"
 
 GPT2_SMALL = BenchSize("gpt2", 12, 768, 12, 1024, batch_size=0, vocab_size=50_304)  # batch: measured
 DRY_RUN = BenchSize("tiny", 2, 32, 2, 16, batch_size=0, vocab_size=65)
@@ -57,8 +62,6 @@ def course_contender(size: BenchSize) -> Contender:
 
 
 def hf_contender(size: BenchSize) -> Contender:
-    from course_tools.cli.bench import reference_model
-
     def loss(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(m(x).flatten(0, 1).float(), y.flatten())
 
@@ -100,8 +103,8 @@ def setting(dry_run: bool) -> Setting:
             "MFU: no peak FLOP/s is known for a CPU",
         ])
     if device.type != "cuda":
-        raise RuntimeError(f"course bench --gpu needs a CUDA device, found {device.type}; "
-                           "use `course bench --cpu`, or `--gpu --dry-run` to test the command")
+        raise RuntimeError(f"no CUDA device here (found {device.type}); "
+                           "use `course-dev bench cpu`, or `course-dev bench gpu --dry-run` to test the command")
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
@@ -189,8 +192,8 @@ class GPUBenchResult:
         return asdict(self)
 
 
-def run(contenders: list[Contender], s: Setting, rounds: int = 5, steps: int = 10, warmup: int = 3,
-        batch: int | None = None) -> GPUBenchResult:
+def measure(contenders: list[Contender], s: Setting, rounds: int = ROUNDS, steps: int = 10, warmup: int = 3,
+            batch: int | None = None) -> GPUBenchResult:
     """Find the micro-batch (unless given), build every contender, warm up (compiles), then time
     ``rounds`` interleaved rounds of ``steps`` steps each."""
     if contenders[0].name != "course":
@@ -201,12 +204,8 @@ def run(contenders: list[Contender], s: Setting, rounds: int = 5, steps: int = 1
     trainers = {c.name: GPUTrainer(c, s, batch) for c in contenders}
     for trainer in trainers.values():
         trainer.steps(warmup)
-    speeds: dict[str, list[float]] = {name: [] for name in trainers}
-    names = list(trainers)
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            trainer = trainers[name]
-            speeds[name].append(steps * trainer.tokens_per_step / trainer.steps(steps))
+    speeds = interleave({name: (lambda t=t: steps * t.tokens_per_step / t.steps(steps))
+                         for name, t in trainers.items()}, rounds)
     flops = counting.flops_per_token(gpt.GPTConfig(s.size.vocab_size, s.size.max_len, s.size.n_layers,
                                               s.size.n_heads, s.size.d_model), s.size.max_len, training=True)
     peak = tuning.peak_tflops(torch.cuda.get_device_name(s.device), s.dtype) if s.device.type == "cuda" else None
@@ -221,7 +220,7 @@ def run(contenders: list[Contender], s: Setting, rounds: int = 5, steps: int = 1
 
 
 def print_result(result: GPUBenchResult) -> None:
-    """The table ``course bench --gpu`` prints."""
+    """The table ``course-dev bench gpu`` prints."""
     print(f"device {result.device}, {result.dtype}, compiled: {result.compiled}, micro-batch {result.micro_batch} "
           f"x {result.size['max_len']} tokens, peak {result.peak_tflops or 'n/a'} TFLOP/s")
     for reason in result.skipped:
@@ -230,3 +229,37 @@ def print_result(result: GPUBenchResult) -> None:
     for row in result.rows:
         mfu = f"{row.mfu:.1%}" if row.mfu is not None else "n/a"
         print(f"{row.name:<8}{row.tokens_per_s:>12,.0f}{mfu:>8}{row.course_over_this:>13.2f}")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Time the contenders, print the table, and write it to ``--json`` when asked."""
+    try:
+        s = setting(args.dry_run)
+        contenders = [course_contender(s.size), hf_contender(s.size)]
+        if args.nanogpt:
+            contenders.append(nanogpt_contender(s.size, Path(args.nanogpt)))
+        else:
+            s.skipped.append("nanogpt: no --nanogpt PATH to nanoGPT's model.py given")
+        result = measure(contenders, s, rounds=args.rounds, steps=args.steps, batch=args.batch)
+    except (OSError, ValueError, RuntimeError) as err:
+        return fail(PROG, err)
+    print_result(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result.to_dict(), indent=1) + "\n")
+    return 0
+
+
+def add_parser(modes: argparse._SubParsersAction) -> None:
+    """Register ``course-dev bench gpu``."""
+    p = modes.add_parser("gpu", help="GPT-2 small's training tokens/s and MFU on the CUDA device: the course's GPT "
+                         "vs Hugging Face's (and nanoGPT's), bf16, compiled, the largest micro-batch that fits")
+    p.add_argument("--dry-run", action="store_true", help="the same code on the CPU at a tiny size")
+    p.add_argument("--nanogpt", metavar="MODEL.PY", help="also time nanoGPT's model.py (from a clone)")
+    p.add_argument("--batch", type=at_least_one, metavar="N",
+                   help="micro-batch (default: the largest power of two that fits)")
+    p.add_argument("--rounds", type=at_least_one, default=ROUNDS, metavar="N",
+                   help=f"interleaved rounds (default {ROUNDS})")
+    p.add_argument("--steps", type=at_least_one, default=5, metavar="N",
+                   help="training steps per model and round (default 5)")
+    p.add_argument("--json", metavar="FILE", help="write the result to this file")
+    p.set_defaults(func=main)

@@ -1,4 +1,4 @@
-"""``course bench --llama-cpp``: SmolLM2-135M-Instruct decoding, the course's GPT against llama.cpp.
+"""``course-dev bench llama-cpp``: SmolLM2-135M-Instruct decoding, the course's GPT against llama.cpp.
 
 Both read the same GGUF file and continue the same chat prompt greedily by the same number of tokens
 on the same threads, prefill included, timed in one process and interleaved (the order alternating);
@@ -17,14 +17,14 @@ import time
 
 import torch
 
-from course_tools.cli.bench import ROUNDS, load_average
 from course_tools.cli.errors import fail
+from course_tools.dev.bench.shared import ROUNDS, at_least_one, interleave, load_average
 
-PROG = "course bench"
+PROG = "course-dev bench llama-cpp"
 PROMPT = "What is the capital of France?"
 
 
-def run(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace) -> int:
     """Print tokens/s of both, their ratio, and whether their greedy continuations agree."""
     try:
         llama_cpp = importlib.import_module("llama_cpp")
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from course_utils import chat, pretrained
     from course_utils.generate import generate
 
-    threads = args.threads[0]
+    threads = args.threads
     torch.set_num_threads(threads)
     try:
         path = pretrained.fetch(pretrained.SMOLLM2)
@@ -63,14 +63,10 @@ def run(args: argparse.Namespace) -> int:
         return n / (time.perf_counter() - start), out
 
     course(), llama()  # warm-up
-    speeds: dict[str, list[float]] = {"course": [], "llama.cpp": []}
-    texts: dict[str, list[int]] = {}
-    rounds, load_before = args.rounds or ROUNDS, load_average()
-    for i in range(rounds):
-        for name, f in ((("course", course), ("llama.cpp", llama)) if i % 2 == 0
-                        else (("llama.cpp", llama), ("course", course))):
-            speed, texts[name] = f()
-            speeds[name].append(speed)
+    rounds, load_before = args.rounds, load_average()
+    runs = interleave({"course": course, "llama.cpp": llama}, rounds)
+    speeds = {name: [speed for speed, _ in results] for name, results in runs.items()}
+    texts = {name: results[-1][1] for name, results in runs.items()}
     ratios = [a / b for a, b in zip(speeds["course"], speeds["llama.cpp"], strict=True)]
     same = next((i for i, (a, b) in enumerate(zip(texts["course"], texts["llama.cpp"], strict=True)) if a != b), n)
     print(f"SmolLM2-135M-Instruct, {n} new tokens after a {len(prompt)}-token prompt, {threads} threads, "
@@ -102,3 +98,14 @@ def top_two(tok, logits: torch.Tensor) -> str:
     """The two likeliest next tokens and their probabilities, e.g. "'The' 0.152, 'L' 0.140"."""
     p, ids = logits.softmax(-1).topk(2)
     return ", ".join(f"{tok.decode([int(i)])!r} {float(q):.3f}" for q, i in zip(p, ids, strict=True))
+
+
+def add_parser(modes: argparse._SubParsersAction) -> None:
+    """Register ``course-dev bench llama-cpp``."""
+    p = modes.add_parser("llama-cpp", help="SmolLM2 decoding tokens/s: the course's float32 GPT vs llama.cpp's Q4_1 "
+                         "kernels on the same file (needs llama-cpp-python, built outside the course)")
+    p.add_argument("--threads", type=at_least_one, default=1, metavar="N", help="threads of both (default 1)")
+    p.add_argument("--new-tokens", type=at_least_one, default=64, metavar="N", help="tokens to decode (default 64)")
+    p.add_argument("--rounds", type=at_least_one, default=ROUNDS, metavar="N",
+                   help=f"interleaved rounds (default {ROUNDS})")
+    p.set_defaults(func=main)

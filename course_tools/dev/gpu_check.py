@@ -1,4 +1,4 @@
-"""``course gpu-check --out DIR``: every GPU path of the course, proven on one CUDA device in one call.
+"""``course-dev gpu-check --out DIR``: every GPU path of the course, proven on one CUDA device in one call.
 
 A lent GPU gives about 15 minutes in all, start-up included, so this runs everything in one go, each
 step in its own process with its own time limit, and writes what it found as it goes:
@@ -6,7 +6,7 @@ step in its own process with its own time limit, and writes what it found as it 
 1. ``tests``: the GPU tests (``tests/test_gpu.py``: bf16 autocast, TF32, compile, flash/efficient
    scaled-dot-product attention selected, fused AdamW, DDP with NCCL on one process under torchrun,
    exact resume, MFU arithmetic), pass/fail each;
-2. ``bench``: ``course bench --gpu``: GPT-2 small's tokens/s and MFU for the course's GPT against
+2. ``bench``: ``course-dev bench gpu``: GPT-2 small's tokens/s and MFU for the course's GPT against
    Hugging Face's (and nanoGPT's model.py with ``--nanogpt``), interleaved;
 3. ``char``: ``course train --config shakespeare_char`` (nanoGPT's 6 × 384, context 256 recipe) on
    ``--data`` (tinyshakespeare for the published anchor, validation 1.4697), its validation curve
@@ -39,7 +39,7 @@ import torch
 from course_tools.cli.errors import fail
 from course_utils import runtime
 
-PROG = "course gpu-check"
+PROG = "course-dev gpu-check"
 ROOT = Path(__file__).resolve().parents[2]
 LESSONS = ("notebooks/03_multi_head_attention.ipynb", "notebooks/07_gpt_model.ipynb", "notebooks/08_train_gpt.ipynb")
 TARGET_VAL_LOSS = 1.47  # nanoGPT's shakespeare_char: 1.4697 in about 3 minutes on an A100 (published)
@@ -107,6 +107,10 @@ def _course(*args: str) -> list[str]:
     return [sys.executable, "-m", "course_tools.cli", *args]
 
 
+def _course_dev(*args: str) -> list[str]:
+    return [sys.executable, "-m", "course_tools.dev", *args]
+
+
 def step_tests(out: Path, dry_run: bool, timeout: float, log: Log) -> StepResult:
     """The GPU tests, one verdict each from pytest's JUnit XML (on a CPU they skip, saying why)."""
     xml = out / "gpu_tests.xml"
@@ -131,13 +135,13 @@ def step_tests(out: Path, dry_run: bool, timeout: float, log: Log) -> StepResult
 
 
 def step_bench(out: Path, dry_run: bool, timeout: float, log: Log, nanogpt: str | None) -> StepResult:
-    """``course bench --gpu``: tokens/s, MFU and the ratios, read back from its JSON."""
+    """``course-dev bench gpu``: tokens/s, MFU and the ratios, read back from its JSON."""
     path = Path(tempfile.mkdtemp(prefix="gpu-check-")) / "bench.json"
-    args = ["bench", "--gpu", "--json", str(path)]
+    args = ["bench", "gpu", "--json", str(path)]
     args += ["--dry-run", "--rounds", "1", "--steps", "1"] if dry_run else ["--rounds", "5", "--steps", "10"]
     args += ["--nanogpt", nanogpt] if nanogpt else []
     t0 = time.perf_counter()
-    code, output = _run(_course(*args), timeout, log, "bench")
+    code, output = _run(_course_dev(*args), timeout, log, "bench")
     seconds = time.perf_counter() - t0
     if code != 0 or not path.is_file():
         return StepResult("bench", "fail", seconds, f"exit {code}: {output.strip().splitlines()[-1:] or ''}")
@@ -248,7 +252,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Register ``course gpu-check``."""
+    """Register ``course-dev gpu-check``."""
     p = sub.add_parser("gpu-check", help="prove every GPU path on one CUDA device in one call (--dry-run: on the CPU)")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for report.json, the log and the notebooks")
     p.add_argument("--dry-run", action="store_true", help="the same steps on the CPU at tiny sizes")
