@@ -1,5 +1,6 @@
 """The exercise pipeline: exercises/ is exactly what `course assign` makes of solutions/."""
 
+import ast
 import csv
 import filecmp
 import os
@@ -196,3 +197,15 @@ def test_an_instructors_own_nbgrader_config_is_left_alone(tmp_path):
     with pytest.raises(assign.AssignError, match="is your own"):
         assign.write_nbgrader(ROOT / "solutions", tmp_path)
     assert (tmp_path / "nbgrader_config.py").read_text() == "c = get_config()\n"
+
+
+def test_the_nbgrader_config_sets_the_lessons_own_cell_timeout(tmp_path):
+    """nbgrader's default of 30 s per cell stops a correct capstone's training cell; the config takes the largest
+    of the lessons' own limits (lesson 11: 600 s)."""
+    pytest.importorskip("nbgrader")
+    assign.write_nbgrader(ROOT / "solutions", tmp_path)
+    config = (tmp_path / "nbgrader_config.py").read_text()
+    lesson11 = nbformat.read(ROOT / "solutions" / "11_build_your_gpt.ipynb", as_version=4)
+    seconds = lesson11.metadata["course"]["grading"]["cell_timeout"]
+    assert seconds >= 600 and f"c.Execute.timeout = {seconds}\n" in config
+    ast.parse(config)  # still a valid Python file

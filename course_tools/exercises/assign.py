@@ -25,6 +25,7 @@ from pathlib import Path
 import nbformat
 
 from course_tools.editions import banner
+from course_tools.grading.job import Limits
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 CODE_STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")
@@ -45,6 +46,9 @@ from course_tools.exercises.nbgrader_release import generate_assignment_preproce
 
 c = get_config()  # noqa: F821  (nbgrader's config loader defines it)
 c.GenerateAssignment.preprocessors = generate_assignment_preprocessors()
+# Seconds per cell under autograde: the largest of the lessons' own limits (course grade's per-lesson
+# cell_timeout); nbgrader's default of 30 s stops a correct capstone's training cell.
+c.Execute.timeout = {timeout}
 ''')
 
 
@@ -135,6 +139,14 @@ def write_all(solutions: Path, exercises: Path) -> list[Path]:
     return written
 
 
+def cell_timeout(solutions: Path) -> int:
+    """The largest per-cell time limit any lesson grades with: ``course grade``'s default, or a lesson's own
+    ``course.grading.cell_timeout`` (lesson 11's training cell needs minutes)."""
+    own = [nbformat.read(src, as_version=4).metadata.get("course", {}).get("grading", {}).get("cell_timeout", 0)
+           for src in sorted(solutions.glob("*.ipynb"))]
+    return max([Limits.cell_timeout] + [int(seconds) for seconds in own])
+
+
 def write_nbgrader(solutions: Path, course: Path) -> list[Path]:
     """An nbgrader course folder at ``course``: ``nbgrader_config.py`` (the course's release
     preprocessors; an existing config of your own is left alone, with an error naming the two lines
@@ -147,7 +159,7 @@ def write_nbgrader(solutions: Path, course: Path) -> list[Path]:
         raise AssignError(f"{config} is your own: add `from course_tools.exercises.nbgrader_release import "
                           "generate_assignment_preprocessors` and `c.GenerateAssignment.preprocessors = "
                           "generate_assignment_preprocessors()` to it, or pass another folder")
-    config.write_text(NBGRADER_CONFIG)
+    config.write_text(NBGRADER_CONFIG.replace("{timeout}", str(cell_timeout(solutions))))
     written = [config]
     for src in sorted(solutions.glob("*.ipynb")):
         dest = course / "source" / lesson_of(src) / src.name
