@@ -58,6 +58,7 @@ def test_korean_units() -> None:
     assert not found("12억 9천만 개 더 많습니다.", 1_310_000_000)
     assert found("GPT-3는 1,750억 개입니다.", 175_000_000_000)
     assert found("7.0초 걸렸습니다.", 7.01)
+    assert found("0.111만큼 낮습니다.", 0.111)  # 만큼 is a particle
 
 
 def test_structure_is_not_checked() -> None:
@@ -75,6 +76,7 @@ def test_structure_is_not_checked() -> None:
     assert numbers("the 2·d = 128 of $d = 64$: so 64 here.") == ["128"]  # the formula's 64 is its constant
     assert numbers("**Time:** about 60 minutes of reading; 3–4 hours of writing.") == []
     assert numbers("*Paradise Lost* (1667), and 1667 lines.") == ["1667"]
+    assert numbers("In the 2017 order, as the 2017 paper has it; 2017 steps.") == ["2017"]
 
 
 def test_a_wrong_number_is_still_caught_beside_the_structure() -> None:

@@ -54,9 +54,9 @@ _MULTIPLIERS = {
     "천": 1e3, "만": 1e4, "억": 1e8, "조": 1e12,
 }
 _UNIT_AFTER = re.compile(
-    r"\s?(thousand|million|billion|trillion|KiB|MiB|GiB|KB|MB|GB|TB|ms|µs|us|ns|%|[kKMBGT](?![A-Za-z])|천|만|억|조)"
+    r"\s?(thousand|million|billion|trillion|KiB|MiB|GiB|KB|MB|GB|TB|ms|µs|us|ns|%|[kKMBGT](?![A-Za-z])|천|만(?!큼)|억|조)"
 )
-_KOREAN_PART = r"(\d[\d,]*(?:\.\d+)?)\s*(천)?\s*(조|억|만)"
+_KOREAN_PART = r"(\d[\d,]*(?:\.\d+)?)\s*(천)?\s*(조|억|만(?!큼))"  # 만큼 is a particle, not 10,000
 _KOREAN_COMPOUND = re.compile(rf"(?:{_KOREAN_PART}\s*)+")
 _LESSON_REF = re.compile(
     r"(?:\b[Ll]essons?|단원|Lektion)\s*\d{1,2}(?:\s*(?:[–\-,]|and|or|to|와|과|및|,\s*and)\s*\d{1,2})*"
@@ -129,7 +129,8 @@ def _structural(text: str) -> str:
     for pattern in (_LESSON_REF, _SECTION_REF):
         text = pattern.sub(lambda m: re.sub(r"\d", " ", m.group()), text)
     # a year beside a citation or in brackets: (2017), 2017), Vaswani 2017, 2017년
-    year = r"(?<=\()\s*(?:1[5-9]|20)\d\d[a-z]?|(?:1[5-9]|20)\d\d[a-z]?(?=\s*[),;]|년)"
+    year = (r"(?<=\()\s*(?:1[5-9]|20)\d\d[a-z]?|(?:1[5-9]|20)\d\d[a-z]?(?=\s*[),;]|년)"
+            r"|(?:19|20)\d\d(?= (?:paper|model|order|translation|Transformer|architecture|논문|모델|번역|구조))")
     text = re.sub(year, lambda m: " " * len(m.group()), text)
     # the writer's estimate of the reading time is no result: "about 60 minutes of reading", "읽는 데 약 60분"
     text = re.sub(r"\d+(?:[–\-]\d+)?(?= (?:minutes|hours) of (?:reading|writing))|(?<=읽는 데 약 )\d+",
