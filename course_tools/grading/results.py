@@ -96,8 +96,10 @@ def plain(value: Any) -> Any:
         value = value.item()
     if isinstance(value, torch.Tensor):
         if value.dtype not in DTYPES.values() or value.layout != torch.strided:
-            raise TypeError(f"a {value.layout} tensor of {value.dtype} cannot be graded: return a dense tensor of "
-                            f"one of {', '.join(str(d).removeprefix('torch.') for d in DTYPES.values())}")
+            layout = "" if value.layout == torch.strided else f" {value.layout}"
+            kind = str(value.dtype).removeprefix("torch.") + layout
+            raise TypeError(f"a tensor of {kind} cannot be graded: return a dense tensor of one of "
+                            + ", ".join(str(d).removeprefix("torch.") for d in DTYPES.values()))
         return torch.empty(value.shape, dtype=value.dtype).copy_(value.detach())
     if value is None or isinstance(value, bool):
         return value
