@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import csv
-import io
 import json
 import os
 import stat
@@ -26,7 +25,7 @@ from test_grade import EXERCISE, LESSON, SOLUTION
 
 from course_tools.cli import main
 from course_tools.exercises import checks
-from course_tools.grading import channel, grade, report
+from course_tools.grading import channel, grade, report, results
 from course_tools.grading.job import RunReport
 from course_tools.grading.report import ExerciseScore, Gradebook, Submission, feedback_markdown, gradebook_csv
 from course_tools.grading.sandbox import RunResult
@@ -48,9 +47,7 @@ def render(markdown: str) -> str:
 
 
 def results_file(records: list[dict]) -> bytes:
-    buffer = io.BytesIO()
-    torch.save({"kind": "cases", "results": records}, buffer)
-    return buffer.getvalue()
+    return results.encode({"kind": "cases", "results": records})
 
 
 class Hostile:
@@ -75,10 +72,9 @@ class Hostile:
     def run(self, jobdir: Path, limits, wall_seconds: float, lesson: str | None = None,
             pristine_sources: list[str] | None = None) -> RunResult:
         self.runs.append({"cell": limits.cell_timeout, "notebook": limits.notebook_timeout, "wall": wall_seconds})
-        names = [p.stem for p in (jobdir / "inputs").iterdir()]
-        files = {f"{name}.pt": results_file([{"status": "error", "message": self.message}]
-                                            * len(torch.load(jobdir / "inputs" / f"{name}.pt", weights_only=True)))
-                 for name in names}
+        files = {path.name: results_file([{"status": "error", "message": self.message}]
+                                         * len(results.decode(path.read_bytes(), results.UNCAPPED)))
+                 for path in (jobdir / "inputs").iterdir()}
         return RunResult(files, RunReport("finished"), killed=False)
 
 
@@ -322,8 +318,6 @@ def test_hand_graded_answers_are_reported_with_their_text(hostile, tmp_path):
 
 def test_channel_files_are_what_the_stand_in_sends():
     """The stand-in speaks the real contract: its files load as results."""
-    from course_tools.grading import results
-
     data = results_file([{"status": "error", "message": "x"}])
     assert results.load_results(data)["results"] == [{"status": "error", "message": "x"}]
     assert channel.FILE_CAP > len(data)

@@ -269,28 +269,34 @@ def test_question_answers_pass_the_kernel_side_as_values(tmp_path):
 
     (tmp_path / "inputs").mkdir()
     (tmp_path / "out").mkdir()
-    torch.save([((), {})], tmp_path / "inputs" / "q.pt")
-    namespace = {"answered": (2, 3, 5, 5), "letter": "b", "untouched": ...}
+    namespace = {"answered": (2, 3, 5, 5), "listed": [2, 3], "shape": torch.zeros(2, 3).shape, "letter": "b",
+                 "untouched": ...}
     answer = kernel_side.Answerer(str(tmp_path), namespace)
     for name in namespace:
-        (tmp_path / "inputs" / f"{name}.pt").write_bytes((tmp_path / "inputs" / "q.pt").read_bytes())
+        (tmp_path / "inputs" / results.file_name(name)).write_bytes(results.encode([((), {})]))
         answer(name, name)
-    loaded = {n: results.load_results((tmp_path / "out" / f"{n}.pt").read_bytes()) for n in namespace}
+    loaded = {n: results.load_results((tmp_path / "out" / results.file_name(n)).read_bytes()) for n in namespace}
     assert loaded["answered"]["results"] == [{"status": "ok", "value": (2, 3, 5, 5)}]
+    assert type(loaded["listed"]["results"][0]["value"]) is list  # tuples and lists stay apart
+    assert type(loaded["shape"]["results"][0]["value"]) is tuple  # a torch.Size is a tuple, as in the notebook
     assert loaded["letter"]["results"] == [{"status": "ok", "value": "b"}]
     assert loaded["untouched"]["results"] == [{"status": "not attempted"}]
 
 
 def test_an_answer_the_kernel_side_cannot_carry_is_that_cases_error():
-    """A value ``plain`` cannot turn into tensors and numbers (a NumPy array of objects) is an error for
-    its case; the other cases of the exercise are still answered."""
+    """A value ``results.plain`` cannot carry (a NumPy array of objects, a complex tensor, a set) is an error
+    for its case; the other cases of the exercise are still answered."""
     import numpy as np
 
     from course_tools.grading import kernel_side
 
     def answer(kind: str):
-        return np.array([object()]) if kind == "objects" else torch.ones(2)
+        odd = {"objects": np.array([object()]), "complex": torch.ones(2, dtype=torch.complex64), "set": {1}}
+        return odd.get(kind, torch.ones(2))
 
-    records = [kernel_side.one_case(answer, (kind,), {}) for kind in ("objects", "tensor")]
-    assert records[0]["status"] == "error" and records[0]["message"].startswith("TypeError")
-    assert records[1]["status"] == "ok" and torch.equal(records[1]["value"], torch.ones(2))
+    records = [kernel_side.one_case(answer, (kind,), {}) for kind in ("objects", "complex", "set", "tensor")]
+    assert [r["status"] for r in records] == ["error", "error", "error", "ok"]
+    assert all(r["message"].startswith("TypeError") for r in records[:3]), records
+    assert "tensor of complex64 cannot be graded" in records[1]["message"]
+    assert "set cannot be graded" in records[2]["message"]
+    assert torch.equal(records[3]["value"], torch.ones(2))

@@ -143,24 +143,35 @@ try:
 except OSError as exc:
     seen.append(type(exc).__name__)
 """)
-FORGER = """import io, zipfile, torch
+UNPICKLED = Path("/tmp/course-attack-unpickled")  # in the grader's /tmp: only an unpickling grader makes it
+FORGER = f"""import json, pickle, struct
+
+class _Payload:  # unpickled, this would make UNPICKLED in the unpickling process's /tmp
+    def __reduce__(self):
+        return (open, ({str(UNPICKLED)!r}, 'w'))
+
+def _safetensors(header, data):
+    raw = json.dumps(header).encode()
+    return struct.pack('<Q', len(raw)) + raw + data
 
 def _forge(name, function):
-    path = f'/job/out/{name}.pt'
-    if name == 'flatten_tokens':  # a small zip that inflates to 200 MB
-        buffer = io.BytesIO()
-        with zipfile.ZipFile(buffer, 'w', zipfile.ZIP_DEFLATED) as z:
-            z.writestr('archive/data.pkl', b'\\0' * (200 << 20))
-        open(path, 'wb').write(buffer.getvalue())
+    path = f'/job/out/{{name}}.safetensors'
+    if name == 'flatten_tokens':  # a pickle where the results go
+        open(path, 'wb').write(pickle.dumps({{'kind': 'cases', 'results': [_Payload()]}}))
     elif name == 'mean_over_time':  # the kind flag is a tensor
-        torch.save({'kind': torch.ones(3), 'results': []}, path)
-    else:  # a 4-byte storage that claims 2**30 elements
-        torch.save({'kind': 'cases', 'results': [{'status': 'ok', 'value': torch.zeros(1).expand(2**30)}] * 3}, path)
-    open('/job/out/run.json', 'wb').write(b'\\0garbage{')
+        document = {{'dict': {{'kind': {{'tensor': 't0'}}, 'results': []}}}}
+        header = {{'__metadata__': {{'value': json.dumps(document)}},
+                  't0': {{'dtype': 'F32', 'shape': [3], 'data_offsets': [0, 12]}}}}
+        open(path, 'wb').write(_safetensors(header, bytes(12)))
+    else:  # 4 bytes of data that claim 2**30 elements
+        header = {{'__metadata__': {{'value': '[]'}},
+                  't0': {{'dtype': 'F32', 'shape': [2**30], 'data_offsets': [0, 4]}}}}
+        open(path, 'wb').write(_safetensors(header, bytes(4)))
+    open('/job/out/run.json', 'wb').write(b'\\0garbage{{')
 
 _course_answer = _forge
 """ + RIGHT["flatten_tokens"]
-FIFO = "import os\nos.mkfifo('/job/out/flatten_tokens.pt')\n" + RIGHT["flatten_tokens"]
+FIFO = "import os\nos.mkfifo('/job/out/flatten_tokens.safetensors')\n" + RIGHT["flatten_tokens"]
 FLOOD = ("from IPython.display import display\n"
          "display({'text/plain': 'x' * (64 << 20)}, raw=True)\n" + RIGHT["flatten_tokens"])
 FORKS = reporter("flatten_tokens", """
@@ -278,6 +289,7 @@ def attacked(tmp_path_factory):
     os.mkfifo(folder / "pipe.ipynb")
     (folder / "link.ipynb").symlink_to("/etc/passwd")
     out = tmp_path_factory.mktemp("attacks-out")
+    UNPICKLED.unlink(missing_ok=True)
     before = {p: p.read_bytes() for p in (ROOT / "course_utils" / "__init__.py", ROOT / "exercises" / "00_setup.ipynb")}
     # 60 s a cell: the heaviest reporter (a walk of the mounted folders, a socket, a /tmp fill) needs about a
     # second of CPU, and four jobs on two cores at load 20 give each about a tenth of a core; the looping
@@ -363,9 +375,10 @@ def test_reference_solutions_are_not_importable_and_attempts_are_flagged(attacke
 @needs_sandbox
 def test_forged_results_are_refused_without_cost(attacked):
     st = statuses(attacked["rows"]["forger"])
-    assert st == {"flatten_tokens": "error: compressed outputs file (refused)",
+    assert st == {"flatten_tokens": "error: not a safetensors file (refused)",
                   "mean_over_time": "error: malformed results",
                   "pairwise_dots": "error: results with too many tensor elements (more than 4194304)"}
+    assert not UNPICKLED.exists()  # the pickle was refused unread
     fifo = attacked["rows"]["fifo"]
     assert scores(fifo) == {"flatten_tokens": 0, "mean_over_time": 1, "pairwise_dots": 2}
 
@@ -486,16 +499,41 @@ def test_no_sandbox_grades_with_a_warning_in_output_and_gradebook(tmp_path, monk
     assert row["total"] == str(FULL) and row["sandbox"].startswith("NO SANDBOX")
 
 
-def test_compressed_and_inflating_outputs_are_refused_before_loading():
-    from course_tools.grading.results import ContractError, load_results
+class _Payload:
+    """Unpickled, this makes the file named by its argument."""
 
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_pickles_and_zips_where_the_results_go_are_refused_unread(tmp_path, monkeypatch):
+    """A pickle (with a payload), a ``torch.save`` file and a zip that inflates to 8 MB are not safetensors
+    files: each is refused by its first 8 bytes, and no unpickler or tensor reader is called."""
+    import pickle
+
+    import torch
+
+    from course_tools.grading import results
+
+    def unread(*args, **kwargs):
+        raise AssertionError("read a file that the checks refuse")
+
+    monkeypatch.setattr(pickle, "loads", unread)
+    monkeypatch.setattr(torch, "load", unread)
+    monkeypatch.setattr(results.safetensors.torch, "load", unread)
+    marker = tmp_path / "unpickled"
+    saved, bomb = io.BytesIO(), io.BytesIO()
+    torch.save({"kind": "cases", "results": [{"status": "ok", "value": torch.ones(3)}]}, saved)
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
         z.writestr("archive/data.pkl", b"\0" * (8 << 20))
-    with pytest.raises(ContractError, match="compressed"):
-        load_results(buffer.getvalue())
-    with pytest.raises(ContractError, match="unreadable"):
-        load_results(b"not a zip at all")
+    files = {"pickle": pickle.dumps({"kind": "cases", "results": [_Payload(marker)]}), "torch_save": saved.getvalue(),
+             "zip": bomb.getvalue(), "text": b"not a file of ours at all"}
+    checked = results.check_outputs({name: data for name, data in files.items()})
+    assert {name: str(exc) for name, exc in checked.items()} == dict.fromkeys(files, "not a safetensors file (refused)")
+    assert not marker.exists()
 
 
 def test_hints_run_only_on_answers_of_bounded_size():

@@ -7,20 +7,26 @@ cgroups; host paths and command lines in what students see; the job contract. Th
 tests need bubblewrap and run for real in CI (which installs it); elsewhere they are skipped.
 """
 
+import ast
 import copy
 import ctypes
 import errno
 import glob
 import json
+import math
 import os
 import platform
+import re
 import resource
 import shutil
+import struct
 import sys
 from pathlib import Path
 
 import nbformat
 import pytest
+import safetensors.torch
+import torch
 from test_grade import RIGHT, submission
 from test_grade_attacks import MARK, OK, PROBLEM, _grade, answers, leaked, needs_sandbox, reporter, scores, statuses
 
@@ -57,21 +63,33 @@ seen = {'request': found, 'read': read, 'payload': buf.value.decode(errors='repl
 
 
 def unfolding_forger() -> str:
-    """An answer that replaces the kernel's result writer: every exercise's outputs file is either
-    a ~2 KB pickle of lists that point at one another (64³ leaves per case) or four stride-0
-    tensors per case (8 bytes of storage, 4M elements each)."""
-    return """import torch
+    """An answer that replaces the kernel's result writer with files that claim more than they hold:
+    a ~2 KB pickle of lists that point at one another (64³ leaves per case), tensors whose header
+    claims 4M elements each over 8 bytes of data, and one tensor named 256 times by the document."""
+    return """import json, pickle, struct
+
+def _safetensors(header, data):
+    raw = json.dumps(header).encode()
+    return struct.pack('<Q', len(raw)) + raw + data
 
 def _unfold(name, function):
-    path = f'/job/out/{name}.pt'
-    if len(name) % 2:
+    path = f'/job/out/{name}.safetensors'
+    if name == 'flatten_tokens':
         node = 1.0
         for _ in range(3):
             node = [node] * 64
-        torch.save({'kind': 'cases', 'results': [{'status': 'ok', 'value': node} for _ in range(4)]}, path)
+        open(path, 'wb').write(pickle.dumps({'kind': 'cases', 'results': [{'status': 'ok', 'value': node}] * 4}))
+    elif name == 'mean_over_time':
+        header = {f't{i}': {'dtype': 'F32', 'shape': [2**21, 2], 'data_offsets': [0, 8]} for i in range(16)}
+        header['__metadata__'] = {'value': '[]'}
+        open(path, 'wb').write(_safetensors(header, bytes(8)))
     else:
-        wide = [{'status': 'ok', 'value': [torch.zeros(2).expand(2**21, 2) for _ in range(4)]} for _ in range(4)]
-        torch.save({'kind': 'cases', 'results': wide}, path)
+        value = [{'tensor': 't0'}] * 64
+        record = {'dict': {'status': 'ok', 'value': value}}
+        document = {'dict': {'kind': 'cases', 'results': [record] * 4}}
+        header = {'__metadata__': {'value': json.dumps(document)},
+                  't0': {'dtype': 'F32', 'shape': [2], 'data_offsets': [0, 8]}}
+        open(path, 'wb').write(_safetensors(header, bytes(8)))
 
 _course_answer = _unfold
 """ + RIGHT["flatten_tokens"]
@@ -331,56 +349,122 @@ def test_results_that_unfold_are_refused_at_no_cost_to_the_grader(tmp_path):
     spent = _cpu_seconds() - before
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak) / 1024
     got = set(statuses(rows["unfolder"]).values())
-    assert got <= {"error: result reuses one object in several places (refused)",
-                   "error: result tensor that is a view (expanded, strided or sharing storage): refused"}, got
+    assert got == {"error: not a safetensors file (refused)", "error: result names one tensor twice (refused)",
+                   "error: tensor data that does not match its header (refused)"}, got
     assert rows["unfolder"]["total"] == 0
     # the grader's own CPU time (not wall time): what it spent does not grow with the unfolded size
     assert spent < 20, spent
     assert grown_mb < 400, grown_mb
 
 
-def test_results_checks_refuse_sharing_views_and_oversize_without_copying():
-    import io
+def cases(value):
+    """An outputs file's results: one case answered with ``value``."""
+    return {"kind": "cases", "results": [{"status": "ok", "value": value}]}
 
-    import torch
 
-    def saved(obj):
-        buffer = io.BytesIO()
-        torch.save(obj, buffer)
-        return buffer.getvalue()
+def forged(header: dict, data: bytes = b"", length: int | None = None) -> bytes:
+    """A file in the safetensors layout with any header (``length``: what its first 8 bytes claim)."""
+    raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw) if length is None else length) + raw + data
 
-    def cases(value):
-        return {"kind": "cases", "results": [{"status": "ok", "value": value}]}
 
-    shared = [1.0] * 8
-    checked = results.check_outputs({
-        "shared.pt": saved(cases([shared, shared])),
-        "view.pt": saved(cases(torch.zeros(1).expand(2**20))),
-        "same_storage.pt": saved(cases(list(torch.zeros(8).split(4)))),
-        "big.pt": saved(cases([torch.zeros(2**21, dtype=torch.uint8), torch.zeros(2**21 + 1, dtype=torch.uint8)])),
-        "transposed.pt": saved(cases(torch.arange(6.0).reshape(2, 3).t().clone())),
-    })
-    assert "reuses one object" in str(checked["shared.pt"])
-    assert "view" in str(checked["view.pt"]) and "view" in str(checked["same_storage.pt"])
-    assert "too many tensor elements" in str(checked["big.pt"])
-    assert torch.equal(checked["transposed.pt"]["results"][0]["value"], torch.arange(6.0).reshape(2, 3).t())
+def document(value, tensors: dict | None = None) -> bytes:
+    """A file whose results document is ``value`` (JSON, as the kernel would write it) beside ``tensors``."""
+    return safetensors.torch.save(tensors or {}, metadata={"value": json.dumps(value)})
+
+
+def records(value) -> dict:
+    return {"dict": {"kind": "cases", "results": [{"dict": {"status": "ok", "value": value}}]}}
+
+
+F32 = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
+META = {"__metadata__": {"value": json.dumps(records(1.0))}}
+NESTED = records([[[0] * 64] * 64] * 8)  # 32,768 numbers in 2 levels under the cap of 6, ~100 KB of JSON
+REFUSED = {  # name: (file, its status): malformed or oversized safetensors, then malformed or oversized JSON
+    "empty": (b"", "not a safetensors file (refused)"),
+    "short": (b"\0" * 7, "not a safetensors file (refused)"),
+    "long_header_claim": (forged(META, length=2**40), "not a safetensors file (refused)"),
+    "huge_header": (forged({**META, "pad": {"value": "x" * (2**20)}}), "with a header over 1048576 bytes"),
+    "huge_file": (forged(META, bytes(17 << 20)), "outputs file too large"),
+    "header_not_json": (struct.pack("<Q", 5) + b"{nope", "not a safetensors file (refused)"),
+    "header_deep": (struct.pack("<Q", 200_000) + b"[" * 100_000 + b"]" * 100_000, "not a safetensors file"),
+    "header_list": (forged([1, 2]), "not a safetensors file (refused)"),
+    "header_repeated_key": (struct.pack("<Q", 26) + b'{"t0": {}, "t0": {"x": 1}}', "repeated key"),
+    "no_document": (forged({"t0": F32}, bytes(8)), "without its results document"),
+    "document_not_text": (forged({"__metadata__": {"value": ["x"]}}), "without its results document"),
+    "tensor_name": (forged({**META, "weight": F32}, bytes(8)), "not named t0, t1"),
+    "too_many_tensors": (forged({**META, **{f"t{i}": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}
+                                            for i in range(1025)}}), "too many tensors (more than 1024)"),
+    "complex_dtype": (forged({**META, "t0": {**F32, "dtype": "C64"}}, bytes(8)), "unsupported type (C64)"),
+    "nine_axes": (forged({**META, "t0": {**F32, "shape": [1] * 9, "data_offsets": [0, 4]}}, bytes(4)),
+                  "unsupported shape"),
+    "negative_axis": (forged({**META, "t0": {**F32, "shape": [-2]}}, bytes(8)), "unsupported shape"),
+    "too_many_elements": (forged({**META, "t0": {**F32, "shape": [2**22 + 1], "data_offsets": [0, 4]}}, bytes(4)),
+                          "too many tensor elements (more than 4194304)"),
+    "short_data": (forged({**META, "t0": {**F32, "shape": [2**20]}}, bytes(8)), "does not match its header"),
+    "overlap": (forged({**META, "t0": F32, "t1": F32}, bytes(8)), "does not match its header"),
+    "trailing_bytes": (forged({**META, "t0": F32}, bytes(64)), "does not match its header"),
+    "document_not_json": (forged({"__metadata__": {"value": "{nope"}}), "results document that is not JSON"),
+    "nan_literal": (forged({"__metadata__": {"value": '{"dict": {"kind": NaN}}'}}), "NaN outside"),
+    "huge_integer": (forged({"__metadata__": {"value": "9" * 5000}}), "results document that is not JSON"),
+    "large_integer": (document(records(2**64)), "result number too large"),
+    "deep": (document(records([[[[[1]]]]])), "result nested too deeply"),
+    "wide": (document(records(list(range(65)))), "result with too many items"),
+    "many_parts": (document(NESTED), "result with too many parts (more than 20000)"),
+    "long_string": (document(records("x" * 1001)), "result string too long"),
+    "long_key": (document(records({"dict": {"k" * 101: 1}})), "keys other than short strings"),
+    "unknown_kind": (document(records({"set": [1]})), "unknown kind"),
+    "two_keys": (document(records({"tuple": [], "dict": {}})), "unknown kind"),
+    "missing_tensor": (document(records({"tensor": "t0"})), "does not hold"),
+    "tensor_twice": (document(records([{"tensor": "t0"}] * 2), {"t0": torch.ones(2)}), "one tensor twice"),
+    "tensor_unnamed": (document(records(1), {"t0": torch.ones(2)}), "tensors the result does not name"),
+    "not_results": (document({"dict": {"kind": "graded"}}), "malformed results"),
+}
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_malformed_and_oversized_files_are_refused_with_a_status(name):
+    data, status = REFUSED[name]
+    with pytest.raises(results.ContractError, match=re.escape(status)):
+        results.load_results(data)
+
+
+def test_a_header_that_claims_more_than_the_file_holds_is_refused_before_the_data_is_read(monkeypatch):
+    def unread(*args, **kwargs):
+        raise AssertionError("read tensor data that the header checks refuse")
+
+    monkeypatch.setattr(results.safetensors.torch, "load", unread)
+    for name in ("huge_header", "huge_file", "too_many_tensors", "complex_dtype", "too_many_elements", "short_data",
+                 "overlap", "trailing_bytes"):
+        with pytest.raises(results.ContractError):
+            results.load_results(REFUSED[name][0])
+
+
+def test_values_round_trip_with_their_types_and_caps_are_per_lesson():
+    value = (torch.arange(6.0).reshape(2, 3).t(), [1, 2.5, float("nan"), float("-inf"), None, True, "s"],
+             {"w": torch.zeros(0, 3, dtype=torch.bfloat16)}, torch.zeros(2, 3).shape, torch.tensor(True))
+    [record] = results.load_results(results.encode(cases(value)))["results"]
+    got = record["value"]
+    assert type(got) is tuple and type(got[1]) is list and type(got[2]) is dict and type(got[3]) is tuple
+    assert torch.equal(got[0], value[0]) and got[0].is_contiguous() and got[2]["w"].dtype == torch.bfloat16
+    assert got[1][:2] == [1, 2.5] and math.isnan(got[1][2]) and got[1][3:] == [float("-inf"), None, True, "s"]
+    assert got[3] == (2, 3) and got[4].dtype == torch.bool
+    big = results.encode(cases([torch.zeros(2**21, dtype=torch.uint8), torch.zeros(2**21 + 1, dtype=torch.uint8)]))
+    assert "too many tensor elements" in str(results.check_outputs({"big": big})["big"])
     roomy = results.ResultCaps(elements=2**23)  # the per-lesson knob (results.LESSON_CAPS)
-    big = saved(cases([torch.zeros(2**21, dtype=torch.uint8), torch.zeros(2**21 + 1, dtype=torch.uint8)]))
-    assert isinstance(results.check_outputs({"big.pt": big}, roomy)["big.pt"], dict)
+    assert isinstance(results.check_outputs({"big": big}, roomy)["big"], dict)
 
 
-def test_a_check_that_runs_out_of_memory_costs_only_its_child():
-    import io
-
-    import torch
-
-    buffer = io.BytesIO()
-    torch.save({"kind": "cases", "results": [{"status": "ok", "value": torch.zeros(2**23, dtype=torch.uint8)}]},
-               buffer)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    checked = results.check_outputs({"x.pt": buffer.getvalue()}, results.ResultCaps(check_memory_mb=1, elements=2**24))
-    assert isinstance(checked["x.pt"], results.ContractError), checked  # the child could not afford 8 MB
-    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024 < 64
+def test_nothing_that_reads_a_sandbox_can_unpickle():
+    """The modules that read what comes back from a sandbox import no unpickler and call no ``torch.load``."""
+    for name in ("channel", "results", "grade", "sandbox", "job"):
+        tree = ast.parse((ROOT / "course_tools" / "grading" / f"{name}.py").read_text())
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+                    for alias in node.names} | {node.module for node in ast.walk(tree)
+                                                if isinstance(node, ast.ImportFrom)}
+        assert not imported & {"pickle", "marshal", "shelve", "dill", "joblib"}, name
+        assert not [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "load"
+                    and isinstance(n.value, ast.Name) and n.value.id in ("torch", "pickle", "np", "numpy")], name
 
 
 @needs_sandbox

@@ -9,9 +9,9 @@ For each submission the grader
 4. runs the rebuilt notebook in its own sandbox (``course_tools.grading.sandbox``): a worker and a
    kernel with time, output, memory and process limits; appended cells call the learner's
    functions on the inputs and the outputs come back through a size- and time-limited channel;
-5. checks what came back against a fixed contract in a limited child process
-   (``course_tools.grading.results``), then compares it with the reference here, in the grader's
-   process, so nothing the learner's code does can change the verdict or cost the grader.
+5. reads what came back as untrusted data in a fixed format, safetensors and JSON checked
+   against caps (``course_tools.grading.results``), then compares it with the reference here, in
+   the grader's process, so nothing the learner's code does can change the verdict or cost the grader.
 An exercise scores its points when every case passes, else 0; a manually graded answer (a written
 explanation) is reported with its text and its points pending. Every problem becomes the
 student's status; the gradebook is rewritten after each student, with the seed of its cases.
@@ -73,7 +73,8 @@ def prepare(base: nbformat.NotebookNode, parsed: submission.Parsed, jobdir: Path
     for name in points:
         ex = checks.get(name)
         job.cases[name] = checks.draw(name, seed)
-        torch.save([(c.args, c.kwargs) for c in job.cases[name]], jobdir / "inputs" / f"{name}.pt")
+        inputs = results.encode([(c.args, c.kwargs) for c in job.cases[name]])
+        (jobdir / "inputs" / results.file_name(name)).write_bytes(inputs)
         if name not in problems:
             job.collect_index[name] = len(notebook.cells)
             cell = nbformat.v4.new_code_cell(f"_course_answer({name!r}, {ex.function!r})")
@@ -154,7 +155,7 @@ def score_exercise(name: str, job: Job, files: dict[str, bytes], run: RunReport,
         return ExerciseScore(name, 0, max_points, job.problems[name], ["  ✗ " + messages.say(job.problems[name])])
     answer_error = run.errors.get(str(job.answer_index.get(name)))
     collect_error = run.errors.get(str(job.collect_index[name]))
-    data = files.get(f"{name}.pt")
+    data = files.get(results.file_name(name))
     if data is None:
         timed_out = killed or run.status == "timeout"
         if (collect_error or "").startswith("KeyboardInterrupt") or (timed_out and collect_error is None):
@@ -162,7 +163,7 @@ def score_exercise(name: str, job: Job, files: dict[str, bytes], run: RunReport,
         stopped = messages.marked("the notebook stopped before this exercise")
         reason = clean(answer_error or collect_error or stopped, 300)
         return _failed(name, max_points, reason)
-    loaded = checked[f"{name}.pt"]
+    loaded = checked[results.file_name(name)]
     if isinstance(loaded, results.ContractError):
         return _failed(name, max_points, str(loaded))
     return score(name, max_points, job.cases[name], loaded, answer_error)
@@ -203,7 +204,7 @@ def grade_parsed(sub: Submission, parsed: submission.Parsed, base: nbformat.Note
     finally:
         shutil.rmtree(jobdir, ignore_errors=True)
     run = replace(result.report, status="timeout") if result.killed else result.report
-    outputs = {f"{name}.pt": result.files[f"{name}.pt"] for name in job.points if f"{name}.pt" in result.files}
+    outputs = {file: result.files[file] for file in map(results.file_name, job.points) if file in result.files}
     checked = results.check_outputs(outputs, results.caps_for(sub.lesson), sandbox.host_paths())
     sub.exercises = [score_exercise(name, job, result.files, run, result.killed, checked) for name in job.points]
     sub.exercises += manual_scores(base, parsed)

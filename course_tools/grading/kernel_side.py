@@ -2,36 +2,16 @@
 cases and save the plain outputs for the grader to judge.
 
 Nothing here decides a score. The learner's code shares this kernel and may change anything in
-it; the grader treats what comes back as untrusted data (``course_tools.grading.channel``).
+it; the grader treats what comes back as untrusted data (``course_tools.grading.results``).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
-
-import numpy as np
-import torch
 
 from course_tools.exercises import checks
-
-
-def plain(value: Any) -> Any:
-    """A value that ``torch.load(weights_only=True)`` can read: tensors, numbers, strings,
-    lists, tuples and dicts of them (NumPy values become tensors or Python numbers)."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu().clone()
-    if isinstance(value, np.ndarray):
-        return torch.from_numpy(value.copy())
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, (tuple, list)):
-        return type(value)(plain(v) for v in value)
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    return value
-
+from course_tools.grading import results
 
 MESSAGE_CHARS = 300  # of an error's one line, kept in the record the grader reads
 
@@ -42,7 +22,7 @@ def one_case(fn: Callable, args: tuple, kwargs: dict) -> dict:
     status, value = checks.attempt(fn, args, kwargs)
     if status == checks.ATTEMPT_OK:
         try:  # e.g. a NumPy array of objects: that case is an error, the exercise's other cases still count
-            return {"status": status, "value": plain(value)}
+            return {"status": status, "value": results.plain(value)}
         except Exception as exc:
             status, value = checks.ATTEMPT_ERROR, checks.error_line(exc)
     if status == checks.ATTEMPT_ERROR:
@@ -52,22 +32,24 @@ def one_case(fn: Callable, args: tuple, kwargs: dict) -> dict:
 
 class Answerer:
     """``_course_answer(name, function)`` in the rebuilt notebook: answer every case of one
-    exercise with ``namespace[function]`` and save the records to ``jobdir/out/name.pt``."""
+    exercise with ``namespace[function]`` and save the records to ``jobdir/out/NAME.safetensors``."""
 
     def __init__(self, jobdir: str, namespace: dict) -> None:
         self.jobdir = jobdir
         self.namespace = namespace
 
     def __call__(self, name: str, function: str) -> None:
-        cases = torch.load(os.path.join(self.jobdir, "inputs", name + ".pt"), weights_only=True)
+        with open(os.path.join(self.jobdir, "inputs", results.file_name(name)), "rb") as f:
+            cases = results.decode(f.read(), results.UNCAPPED)  # the grader's own file
         fn = self.namespace.get(function)
         if fn is not None and not callable(fn):  # a question: the answer is the variable's value
             fn = checks.returning(fn)
         if not callable(fn):
-            results: dict = {"kind": "missing", "function": function}
+            answers: dict = {"kind": "missing", "function": function}
         else:
             try:
-                results = {"kind": "cases", "results": [one_case(fn, args, kwargs) for args, kwargs in cases]}
+                answers = {"kind": "cases", "results": [one_case(fn, args, kwargs) for args, kwargs in cases]}
             except KeyboardInterrupt:  # the worker interrupts a cell that runs past its time limit
-                results = {"kind": "timeout"}
-        torch.save(results, os.path.join(self.jobdir, "out", name + ".pt"))
+                answers = {"kind": "timeout"}
+        with open(os.path.join(self.jobdir, "out", results.file_name(name)), "wb") as f:
+            f.write(results.encode(answers))

@@ -1,62 +1,73 @@
-"""The contract for what a learner's kernel sends back, and the limited process that checks it.
+"""The results format: how values travel between the grader and a learner's kernel, and how the
+grader reads what comes back without trusting it.
 
-An outputs file must be an uncompressed ``torch.save`` file, no bigger unpacked than packed,
-holding tensors of plain dtypes, numbers and short strings in small lists, tuples and dicts, in
-a fixed layout. It is checked *as it is*, never unfolded: every list, tuple, dict, tensor and
-tensor storage may appear once only (a pickle can make a 2 KB file of lists that point at each
-other describe a tree of billions of nodes), the nodes and tensor elements of a file are counted
-against caps, and each tensor must own its storage exactly (``numel × itemsize`` bytes, no
-overlapping or stride-0 views), so a tensor costs what the file paid for it and is never made
-dense here. Anything else is refused with a one-line status.
+One file per exercise, ``NAME.safetensors``: a safetensors file whose tensors are named ``t0``,
+``t1``, ... and whose metadata holds one entry, ``"value"``, a JSON document for the rest::
 
-``check_outputs`` does all of this in a child process forked from a small server (started once
-per grading run, torch loaded once), under its own memory and CPU-time limits and a wall-clock
-deadline, so that a file built to cost
-time or memory costs that child, never the grader. What comes back is re-encoded by our own code
-from checked values only.
+    null, true, false, an integer, a number, a string    themselves
+    [v, ...]                                             a list
+    {"tuple": [v, ...]}                                  a tuple
+    {"dict": {"key": v, ...}}                            a dict (string keys)
+    {"tensor": "t3"}                                     the file's tensor t3
+    {"float": "nan"} ("inf", "-inf")                     a number JSON cannot spell
+
+Every JSON object has exactly one key, its kind, so no value can pass for another, and every
+tensor of the file is named exactly once. The grader writes its cases this way (``encode``), the
+kernel its answers (``course_tools.grading.kernel_side``).
+
+``decode`` reads a file from a sandbox as untrusted data and refuses anything else with a one-line
+status (``ContractError``): before safetensors reads a byte of tensor data it checks the file's
+size, the header's size and layout (tensor names, dtypes from ``DTYPES``, at most ``dims`` axes,
+data offsets that tile the data exactly) and the tensors' count and elements, so a tensor costs
+what the file paid for it; the document's length is checked before it is parsed, its depth,
+items, strings and numbers while it becomes values. Nothing is unpickled.
 """
 
 from __future__ import annotations
 
-import io
-import os
-import pickle
-import resource
-import select
-import signal
+import json
+import math
 import struct
-import subprocess
 import sys
-import threading
-import time
-import zipfile
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, fields
 from typing import Any
 
+import numpy as np
+import safetensors.torch
 import torch
 
-from course_tools.grading.channel import FILE_CAP, MAX_FILES
+from course_tools.grading.channel import FILE_CAP
 
-RESULT_DTYPES = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.uint8, torch.int8,
-                 torch.int16, torch.int32, torch.int64, torch.bool}
+SUFFIX = ".safetensors"
+DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
+          "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64,
+          "BOOL": torch.bool}
+_NON_FINITE = ("nan", "inf", "-inf")
+_LENGTH = struct.Struct("<Q")  # the header's length, in front of it
+
+
+def file_name(exercise: str) -> str:
+    """The file that carries an exercise's cases (``inputs/``) or answers (``out/``)."""
+    return exercise + SUFFIX
 
 
 @dataclass(frozen=True)
 class ResultCaps:
-    """What one outputs file may hold, and what checking one submission's files may cost."""
+    """What one outputs file may hold."""
 
     file_bytes: int = FILE_CAP
-    nodes: int = 20_000  # lists, tuples, dicts, tensors, numbers and strings per file
+    header_bytes: int = 2**20  # the safetensors header, JSON document included
+    tensors: int = 1024
     elements: int = 2**22  # tensor elements per file, all tensors together
+    dims: int = 8  # axes per tensor
+    nodes: int = 20_000  # lists, tuples, dicts, tensors, numbers and strings per file
     items: int = 64  # entries per list, tuple or dict
     depth: int = 6
-    check_memory_mb: int = 1024  # address space the checking child may add to what it starts with
-    check_cpu_seconds: int = 20
-    check_wall_seconds: int = 120  # generous: the machine may be busy; CPU time is what the file can cost
+    chars: int = 1000  # per string
 
 
 DEFAULT_CAPS = ResultCaps()
+UNCAPPED = ResultCaps(**{f.name: sys.maxsize for f in fields(ResultCaps)})  # the grader's own inputs file
 # Per-lesson caps, for a lesson whose answers are larger than the default allows (e.g. a state dict).
 LESSON_CAPS: dict[str, ResultCaps] = {}
 
@@ -72,113 +83,213 @@ class ContractError(ValueError):
     """Results that break the contract; the message is the status line."""
 
 
-def _check_zip(data: bytes) -> None:
-    """torch.save writes an uncompressed zip; anything else (compressed members, members bigger
-    than the file, too many of them) is refused before torch.load unpacks a byte."""
+# --- writing ---------------------------------------------------------------------------------------
+
+def plain(value: Any) -> Any:
+    """``value`` as the format carries it: tensors (as contiguous CPU copies of a dtype in
+    ``DTYPES``), numbers, strings, None, and lists, tuples and dicts with string keys of them.
+    NumPy arrays become tensors, NumPy scalars and subclasses (``torch.Size``, an enum) their plain
+    values. Raises TypeError naming anything else."""
+    if isinstance(value, np.ndarray):
+        value = torch.from_numpy(value.copy())
+    elif isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, torch.Tensor):
+        if value.dtype not in DTYPES.values() or value.layout != torch.strided:
+            layout = "" if value.layout == torch.strided else f" {value.layout}"
+            kind = str(value.dtype).removeprefix("torch.") + layout
+            raise TypeError(f"a tensor of {kind} cannot be graded: return a dense tensor of one of "
+                            + ", ".join(str(d).removeprefix("torch.") for d in DTYPES.values()))
+        return torch.empty(value.shape, dtype=value.dtype).copy_(value.detach())
+    if value is None or isinstance(value, bool):
+        return value
+    for kind in (int, float, str):
+        if isinstance(value, kind):
+            return kind(value)
+    if isinstance(value, (tuple, list)):
+        return (tuple if isinstance(value, tuple) else list)(plain(v) for v in value)
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {str(k): plain(v) for k, v in value.items()}
+    raise TypeError(f"a {type(value).__name__} cannot be graded: return tensors, numbers, strings, "
+                    "or tuples, lists and dicts (string keys) of them")
+
+
+def encode(value: Any) -> bytes:
+    """The bytes of one file holding ``value`` (anything ``plain`` accepts)."""
+    tensors: dict[str, torch.Tensor] = {}
+
+    def document(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            tensors[f"t{len(tensors)}"] = v
+            return {"tensor": f"t{len(tensors) - 1}"}
+        if type(v) is float and not math.isfinite(v):
+            return {"float": repr(v)}
+        if type(v) is tuple:
+            return {"tuple": [document(x) for x in v]}
+        if type(v) is list:
+            return [document(x) for x in v]
+        if type(v) is dict:
+            return {"dict": {k: document(x) for k, x in v.items()}}
+        return v
+
+    text = json.dumps(document(plain(value)), allow_nan=False, separators=(",", ":"))
+    return safetensors.torch.save(tensors, metadata={"value": text})
+
+
+# --- reading -------------------------------------------------------------------------------------
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict:
+    """A JSON object, refused if a key repeats (a reader that keeps the first and one that keeps
+    the last would see different files)."""
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        raise ContractError("outputs file with a repeated key (refused)")
+    return found
+
+
+def _refuse_constant(name: str) -> None:
+    raise ContractError(f"outputs file with {name} outside a {{\"float\": ...}} (refused)")
+
+
+def _json(text: bytes | str, refusal: str) -> Any:
+    """``text`` parsed as strict JSON, or ContractError(``refusal``) (not UTF-8, too deep, a huge integer...)."""
     try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            members = archive.infolist()
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
-        raise ContractError("unreadable outputs file") from exc
-    if len(members) > 4 * MAX_FILES * 64:
-        raise ContractError("outputs file with too many parts")
-    if any(m.compress_type != zipfile.ZIP_STORED or m.file_size != m.compress_size for m in members):
-        raise ContractError("compressed outputs file (refused)")
-    if sum(m.file_size for m in members) > len(data):
-        raise ContractError("outputs file larger unpacked than packed (refused)")
+        text = text.decode("utf-8") if isinstance(text, bytes) else text
+        return json.loads(text, object_pairs_hook=_unique, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:  # ContractError is a ValueError: keep its message
+        raise exc if isinstance(exc, ContractError) else ContractError(refusal) from None
 
 
-def owns_storage_exactly(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` covers its whole storage once: offset 0, ``numel × itemsize`` bytes, and
-    strides that are a permutation of a contiguous layout (no stride-0 or overlapping views).
-    Reads sizes and strides only."""
-    if tensor.numel() == 0:
-        return tensor.untyped_storage().nbytes() == 0 and tensor.storage_offset() == 0
-    if tensor.storage_offset() != 0 or tensor.untyped_storage().nbytes() != tensor.numel() * tensor.element_size():
-        return False
-    expected = 1
-    for stride, size in sorted((st, s) for s, st in zip(tensor.shape, tensor.stride(), strict=True) if s != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
+def _header(data: bytes, caps: ResultCaps) -> tuple[dict, int]:
+    """The file's header as JSON, and where its tensor data starts; its length is checked first."""
+    if len(data) > caps.file_bytes:
+        raise ContractError("outputs file too large")
+    if len(data) < _LENGTH.size:
+        raise ContractError("not a safetensors file (refused)")
+    (length,) = _LENGTH.unpack_from(data)
+    if length > len(data) - _LENGTH.size:
+        raise ContractError("not a safetensors file (refused)")
+    if length > caps.header_bytes:
+        raise ContractError(f"outputs file with a header over {caps.header_bytes} bytes (refused)")
+    header = _json(data[_LENGTH.size:_LENGTH.size + length], "not a safetensors file (refused)")
+    if type(header) is not dict:
+        raise ContractError("not a safetensors file (refused)")
+    return header, _LENGTH.size + length
 
 
-@dataclass
-class _Walk:
-    caps: ResultCaps
-    seen: set[int] = field(default_factory=set)
-    storages: set[int] = field(default_factory=set)
-    nodes: int = 0
-    elements: int = 0
+def _is_count(x: Any) -> bool:
+    return type(x) is int and x >= 0
 
-    def once(self, value: Any) -> None:
-        if id(value) in self.seen:
-            raise ContractError("result reuses one object in several places (refused)")
-        self.seen.add(id(value))
 
-    def check(self, value: Any, depth: int = 0) -> None:
-        """Raise ContractError unless ``value`` keeps the contract; visits each node once, copies nothing."""
+def _tensor_layout(header: dict, data_bytes: int, caps: ResultCaps) -> dict[str, tuple[torch.dtype, list[int]]]:
+    """Each tensor's (dtype, shape), once the header is found to name ``t0``..``tN-1`` with allowed
+    dtypes and shapes, and byte ranges that tile the ``data_bytes`` after it exactly."""
+    if len(header) > caps.tensors:
+        raise ContractError(f"outputs file with too many tensors (more than {caps.tensors})")
+    if set(header) != {f"t{i}" for i in range(len(header))}:
+        raise ContractError("outputs file with tensors not named t0, t1, ... (refused)")
+    layout, spans, elements = {}, [], 0
+    for name, info in header.items():
+        if type(info) is not dict or set(info) != {"dtype", "shape", "data_offsets"}:
+            raise ContractError("malformed safetensors header (refused)")
+        dtype = DTYPES.get(info["dtype"]) if type(info["dtype"]) is str else None
+        if dtype is None:
+            raise ContractError(f"result tensor of an unsupported type ({str(info['dtype'])[:20]})")
+        shape, offsets = info["shape"], info["data_offsets"]
+        if type(shape) is not list or len(shape) > caps.dims or not all(map(_is_count, shape)):
+            raise ContractError("result tensor of an unsupported shape (refused)")
+        elements += math.prod(shape)
+        if elements > caps.elements:
+            raise ContractError(f"results with too many tensor elements (more than {caps.elements})")
+        if type(offsets) is not list or len(offsets) != 2 or not all(map(_is_count, offsets)) \
+                or offsets[1] - offsets[0] != math.prod(shape) * dtype.itemsize:
+            raise ContractError("tensor data that does not match its header (refused)")
+        layout[name] = (dtype, shape)
+        spans.append(offsets)
+    end = 0
+    for start, stop in sorted(spans):
+        if start != end:
+            raise ContractError("tensor data that does not match its header (refused)")
+        end = stop
+    if end != data_bytes:
+        raise ContractError("tensor data that does not match its header (refused)")
+    return layout
+
+
+class _Reader:
+    """Turns a parsed document into values, counting against the caps; each tensor is named once."""
+
+    def __init__(self, caps: ResultCaps, tensors: dict[str, torch.Tensor]) -> None:
+        self.caps, self.tensors, self.named, self.nodes = caps, tensors, set(), 0
+
+    def value(self, doc: Any, depth: int = 0) -> Any:
         self.nodes += 1
         if self.nodes > self.caps.nodes:
             raise ContractError(f"result with too many parts (more than {self.caps.nodes})")
         if depth > self.caps.depth:
             raise ContractError("result nested too deeply")
-        kind = type(value)
-        if kind is torch.Tensor:
-            self.tensor(value)
-        elif kind in (int, float, bool) or value is None:
-            if kind is int and abs(value) > 2**63:
-                raise ContractError("result number too large")
-        elif kind is str:
-            if len(value) > 1000:
-                raise ContractError("result string too long")
-        elif kind in (list, tuple, dict):
-            self.container(value, depth)
-        else:
-            raise ContractError(f"result of an unsupported type ({kind.__name__})")
+        if type(doc) is list:
+            return [self.value(v, depth + 1) for v in self.items(doc)]
+        if type(doc) is dict:
+            return self.tagged(doc, depth)
+        if type(doc) is int and abs(doc) > 2**63:
+            raise ContractError("result number too large")
+        if type(doc) is str and len(doc) > self.caps.chars:
+            raise ContractError("result string too long")
+        return doc  # None, a bool, a number or a string: JSON has nothing else
 
-    def container(self, value: list | tuple | dict, depth: int) -> None:
-        if len(value) > self.caps.items:
+    def tagged(self, doc: dict, depth: int) -> Any:
+        """A JSON object: one key, the kind of value it spells."""
+        if len(doc) == 1:
+            [(tag, body)] = doc.items()
+            if tag == "tuple" and type(body) is list:
+                return tuple(self.value(v, depth + 1) for v in self.items(body))
+            if tag == "dict" and type(body) is dict:
+                if not all(len(k) <= 100 for k in self.items(body)):
+                    raise ContractError("result dict with keys other than short strings")
+                return {k: self.value(v, depth + 1) for k, v in body.items()}
+            if tag == "tensor" and type(body) is str:
+                return self.tensor(body)
+            if tag == "float" and body in _NON_FINITE:
+                return float(body)
+        raise ContractError("result of an unknown kind (refused)")
+
+    def items(self, container: list | dict) -> list | dict:
+        if len(container) > self.caps.items:
             raise ContractError("result with too many items")
-        if value:
-            self.once(value)
-        if type(value) is dict:
-            if not all(type(k) is str and len(k) <= 100 for k in value):
-                raise ContractError("result dict with keys other than short strings")
-            value = value.values()
-        for item in value:
-            self.check(item, depth + 1)
+        return container
 
-    def tensor(self, value: torch.Tensor) -> None:
-        if value.dtype not in RESULT_DTYPES or value.dim() > 8 or value.is_sparse or value.requires_grad:
-            raise ContractError(f"result tensor of an unsupported type ({value.dtype})")
-        self.once(value)
-        self.elements += value.numel()
-        if self.elements > self.caps.elements:
-            raise ContractError(f"results with too many tensor elements (more than {self.caps.elements})")
-        if not owns_storage_exactly(value):
-            raise ContractError("result tensor that is a view (expanded, strided or sharing storage): refused")
-        storage = value.untyped_storage()
-        if storage.nbytes():
-            if storage.data_ptr() in self.storages:
-                raise ContractError("result tensors sharing storage (refused)")
-            self.storages.add(storage.data_ptr())
+    def tensor(self, name: str) -> torch.Tensor:
+        if name not in self.tensors:
+            raise ContractError("result names a tensor the file does not hold (refused)")
+        if name in self.named:
+            raise ContractError("result names one tensor twice (refused)")
+        self.named.add(name)
+        return self.tensors[name]
+
+
+def decode(data: bytes, caps: ResultCaps = DEFAULT_CAPS) -> Any:
+    """The value in one file, checked against ``caps`` as described above; raises ContractError."""
+    header, start = _header(data, caps)
+    metadata = header.pop("__metadata__", None)
+    if type(metadata) is not dict or set(metadata) != {"value"} or type(metadata["value"]) is not str:
+        raise ContractError("outputs file without its results document (refused)")
+    layout = _tensor_layout(header, len(data) - start, caps)
+    document = _json(metadata["value"], "results document that is not JSON (refused)")
+    tensors = safetensors.torch.load(data) if layout else {}
+    if {name: (t.dtype, list(t.shape)) for name, t in tensors.items()} != layout:  # what the library read
+        raise ContractError("tensor data that does not match its header (refused)")
+    reader = _Reader(caps, tensors)
+    value = reader.value(document)
+    if reader.named != set(tensors):
+        raise ContractError("outputs file with tensors the result does not name (refused)")
+    return value
 
 
 def load_results(data: bytes, caps: ResultCaps = DEFAULT_CAPS) -> dict:
-    """An outputs file checked and loaded: {"kind": "cases", "results": [...]}, {"kind": "missing",
-    "function": str} or {"kind": "timeout"}. Raises ContractError for anything else. (In this
-    process: call it through ``check_outputs`` for files from a sandbox.)"""
-    if len(data) > caps.file_bytes:
-        raise ContractError("outputs file too large")
-    _check_zip(data)
-    try:
-        loaded = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
-    except Exception as exc:  # weights_only refuses anything but tensors and plain values
-        raise ContractError(f"the answer returned something other than tensors or numbers ({type(exc).__name__})") \
-            from None
-    _Walk(caps).check(loaded)
+    """An outputs file checked and read: {"kind": "cases", "results": [...]}, {"kind": "missing",
+    "function": str} or {"kind": "timeout"}. Raises ContractError for anything else."""
+    loaded = decode(data, caps)
     kind = loaded.get("kind") if type(loaded) is dict else None
     if type(kind) is not str or kind not in ("cases", "missing", "timeout"):
         raise ContractError("malformed results")
@@ -189,175 +300,23 @@ def load_results(data: bytes, caps: ResultCaps = DEFAULT_CAPS) -> dict:
     return loaded
 
 
-# --- the checking child ------------------------------------------------------------------------------
-# A server process (``python -m course_tools.grading.results``, started once, torch loaded once)
-# forks one child per request; the child limits itself, checks, and writes its verdicts back. The
-# server is single-threaded, so forking it is safe, which forking the grader (threads) is not.
-
-_FRAME = struct.Struct(">Q")
-
-
-def _read_exactly(stream, size: int) -> bytes | None:
-    data = bytearray()
-    while len(data) < size:
-        chunk = stream.read(size - len(data))
-        if not chunk:
-            return None
-        data += chunk
-    return bytes(data)
-
-
-def _address_space() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmSize:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
 def _clean_messages(loaded: dict, hide: list[tuple[str, str]]) -> None:
     """Replace host paths in the learner's error messages (the case records' "message")."""
-    for record in loaded.get("results", []) if loaded.get("kind") == "cases" else []:
+    for record in loaded.get("results", []) if loaded["kind"] == "cases" else []:
         if type(record) is dict and type(record.get("message")) is str:
             for host, neutral in hide:
                 record["message"] = record["message"].replace(host, neutral)
 
 
-def _check_here(files: dict[str, bytes], caps: ResultCaps, hide: list[tuple[str, str]]) -> bytes:
-    """In the child: limit itself, check every file, return {name: results | error text}, re-saved."""
-    limit = _address_space() + caps.check_memory_mb * 2**20
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    resource.setrlimit(resource.RLIMIT_CPU, (caps.check_cpu_seconds, caps.check_cpu_seconds + 1))
-    verdicts: dict[str, Any] = {}
-    for name, data in files.items():
-        try:
-            verdicts[name] = load_results(data, caps)
-            _clean_messages(verdicts[name], hide)
-        except ContractError as exc:
-            verdicts[name] = str(exc)
-        except (MemoryError, RecursionError):
-            verdicts[name] = "results too costly to check (refused)"
-    buffer = io.BytesIO()
-    torch.save(verdicts, buffer)
-    return buffer.getvalue()
-
-
-def _serve_one(request: bytes) -> bytes:
-    """Fork a child for one request and return what it wrote (b"" if it failed or ran out of time)."""
-    files, caps, hide = pickle.loads(request)  # from the grader, which started this server
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_fd)
-        try:
-            reply = _check_here(files, caps, hide)
-            with os.fdopen(write_fd, "wb") as pipe:
-                pipe.write(reply)
-        finally:
-            os._exit(0)
-    os.close(write_fd)
-    chunks, kept, complete = [], 0, False
-    deadline = time.monotonic() + caps.check_wall_seconds
-    limit = 2 * sum(map(len, files.values())) + 2**20
-    while (left := deadline - time.monotonic()) > 0:
-        if not select.select([read_fd], [], [], left)[0]:
-            continue
-        chunk = os.read(read_fd, 1 << 16)
-        if not chunk:
-            complete = True
-            break
-        kept += len(chunk)
-        if kept > limit:
-            break
-        chunks.append(chunk)
-    os.close(read_fd)
-    try:  # done writing (or out of time): it has nothing more to do
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
-    os.waitpid(pid, 0)
-    return b"".join(chunks) if complete else b""  # a reply cut short fails to load in the grader
-
-
-def serve() -> None:
-    """The server loop: frames in on stdin, frames out on stdout, until stdin closes."""
-    torch.set_num_threads(1)
-    source, sink = sys.stdin.buffer, sys.stdout.buffer
-    while (head := _read_exactly(source, _FRAME.size)) is not None:
-        request = _read_exactly(source, _FRAME.unpack(head)[0])
-        if request is None:
-            return
-        reply = _serve_one(request)
-        sink.write(_FRAME.pack(len(reply)) + reply)
-        sink.flush()
-
-
-class _Server:
-    """The grader's handle on the checking server: started on first use, restarted if it dies or hangs."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> subprocess.Popen:
-        if self.proc is None or self.proc.poll() is not None:
-            self.proc = subprocess.Popen([sys.executable, "-m", "course_tools.grading.results"],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        return self.proc
-
-    def ask(self, request: bytes, wait: float) -> bytes:
-        with self.lock:
-            proc = self.start()
-            try:
-                proc.stdin.write(_FRAME.pack(len(request)) + request)
-                proc.stdin.flush()
-                if select.select([proc.stdout], [], [], wait)[0]:
-                    head = _read_exactly(proc.stdout, _FRAME.size)
-                    if head is not None:
-                        return _read_exactly(proc.stdout, _FRAME.unpack(head)[0]) or b""
-            except OSError:
-                pass
-            proc.kill()  # hung or gone: the next request starts a fresh one
-            proc.wait()
-            self.proc = None
-            return b""
-
-
-_SERVER = _Server()
-
-
-def warm_up() -> None:
-    """Start the checking server now (it loads torch), so the first submission does not wait for it."""
-    with _SERVER.lock:
-        _SERVER.start()
-
-
 def check_outputs(files: dict[str, bytes], caps: ResultCaps = DEFAULT_CAPS,
                   hide: list[tuple[str, str]] = ()) -> dict[str, dict | ContractError]:
-    """Each outputs file (by name) checked in a limited child process: its loaded results, or the
-    ContractError that refuses it. A child that runs out of time or memory refuses every file.
+    """Each outputs file (by name): its checked results, or the ContractError that refuses it.
     ``hide``: (host path, neutral name) pairs replaced in the learner's error messages."""
-    if not files:
-        return {}
-    raw = _SERVER.ask(pickle.dumps((files, caps, list(hide))), caps.check_wall_seconds + 60)
-    failure = ContractError("results too costly to check (refused)")
-    if not raw:
-        return {name: failure for name in files}
-    try:
-        verdicts = torch.load(io.BytesIO(raw), weights_only=True)  # our child's re-encoding, walked once more
-    except Exception:  # a child that died mid-write
-        verdicts = None
     checked: dict[str, dict | ContractError] = {}
-    for name in files:
-        verdict = verdicts.get(name) if type(verdicts) is dict else None
+    for name, data in files.items():
         try:
-            if type(verdict) is not dict:
-                raise ContractError(verdict[:300] if type(verdict) is str else str(failure))
-            _Walk(caps).check(verdict)
-            checked[name] = verdict
+            checked[name] = load_results(data, caps)
+            _clean_messages(checked[name], list(hide))
         except ContractError as exc:
             checked[name] = exc
     return checked
-
-
-if __name__ == "__main__":
-    serve()

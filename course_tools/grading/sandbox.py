@@ -34,7 +34,7 @@ import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from course_tools.grading import channel, export, results, seccomp
+from course_tools.grading import channel, export, seccomp
 from course_tools.grading.job import JobSpec, Limits, RunReport
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -237,7 +237,7 @@ class Cgroup:
 
 @dataclass
 class RunResult:
-    files: dict[str, bytes]  # what the worker sent back: the exercises' outputs (NAME.pt)
+    files: dict[str, bytes]  # what the worker sent back: the exercises' outputs (NAME.safetensors)
     report: RunReport  # its run.json, checked, with host paths in the errors made public
     killed: bool  # ran past the wall-clock limit and was ended from outside
 
@@ -257,7 +257,6 @@ class Sandbox:
 
     def check(self) -> None:
         """Make one sandbox that runs this Python, and probe for a cgroup; raise SandboxError naming the fix."""
-        results.warm_up()  # the checking server loads torch while the sandbox is probed
         probe = Cgroup.create(f"course-grade-probe-{os.getpid()}", self.caps)
         self.limiter = "rlimits"
         if probe:
