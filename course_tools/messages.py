@@ -1,41 +1,53 @@
-"""The learner's language, and what the checks say in it.
+"""The learner's language, and what the checks say in it: GNU gettext, read with the standard library.
 
-The English of every message stays where it is written (``checks``, ``references/lessonNN.py``,
-``predict``, the grader); its translation comes from ``translations/<lang>/messages/*.yaml``, which
-``course translate <lang>`` compiles into ``course_tools/messages_<lang>.json`` beside this module
-(so a learner's kernel needs no YAML reader). A message is found by its English:
+A message is written in English where it is used and marked with one of four functions, which Babel
+finds by name (``KEYWORDS``: ``course translate <lang>`` extracts with them, like ``pybabel extract -F
+babel.cfg`` with the keywords CONTRIBUTING names):
 
-- a plain sentence by its text;
-- a sentence written as an f-string (a hint naming the axis it found) by its template, the f-string
-  with each ``{expression}`` kept as a placeholder: the filled English is matched against it, and the
-  placeholders' values are put into the translated template (each value translated too, when it is
-  itself a known message);
-- a template of the course's own code (``fill("why: {why}", why=...)``) directly.
+- ``_(template, **values)``: the message in the current language now;
+- ``_n(singular, plural, n, **values)``: the same, with a count that chooses the form (``ngettext``);
+- ``N_(template, **values)`` and ``N_n(...)``: a ``Message``, a ``str`` that stays English (a status
+  in the gradebook, a case label, an ``explain=`` note registered at import) and is given in the
+  learner's language where it is shown, by ``say``.
 
-A message without a translation stays English. The language is chosen by the notebook: a Korean
-edition's setup cell calls ``use("ko")`` (``course translate ko`` adds that line); the grader reads
-the submission's metadata and grades inside ``speaking(lang)``, which holds for one thread only.
+A template's ``{name}`` placeholders are filled after translation (``str.format``: ``{loss:.3f}`` and
+``{got!r}`` work; a literal brace is doubled). A value that is itself a ``Message`` is given in the same
+language. In a Korean translation a particle pair after a placeholder (``{shape}은(는)``) becomes the
+form that fits the value (``course_tools.particles``).
+
+The translations are ``translations/<lang>/LC_MESSAGES/course.po``, compiled by ``course translate
+<lang>`` into ``course_tools/locale/<lang>/LC_MESSAGES/course.mo`` beside this module, so a learner's
+kernel needs nothing but the standard library's ``gettext``. A message without a translation stays
+English. The language is chosen by the notebook: a Korean edition's setup cell calls ``use("ko")``
+(``course translate ko`` adds that line); the grader reads the submission's metadata and grades inside
+``speaking(lang)``, which holds for one thread only.
 """
 
 from __future__ import annotations
 
-import json
-import re
+import gettext
+import string
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import cache
 from pathlib import Path
+from typing import Any
+
+from course_tools import particles
 
 LANGUAGES = ("en", "ko")  # the editions that exist; English is the source language
 SOURCE = "en"
-HERE = Path(__file__).resolve().parent
-PLACEHOLDER = re.compile(r"\{\{|\}\}|\{[^{}]+\}")
-_DEPTH = 3  # how deep values inside values are translated ("expected a {tensor of shape (2, 3)}, ...")
-LONGEST = 2000  # characters: a longer text is no message (it holds an answer's repr) and is not matched
+DOMAIN = "course"  # the catalogue's name: locale/<lang>/LC_MESSAGES/course.mo
+LOCALE = Path(__file__).resolve().parent / "locale"
+# the marking functions, as Babel's extractor takes them (name -> the arguments that are messages)
+KEYWORDS = {"_": (1,), "N_": (1,), "_n": (1, 2), "N_n": (1, 2)}
 
 _chosen = SOURCE  # the kernel's language, set by use() (a notebook's cells do not share a context)
 _override: ContextVar[str | None] = ContextVar("course_language", default=None)  # speaking(), per thread
+# speaking(lang, catalogue): messages not yet written to disk (`course translate` renders notebooks with them)
+_given: ContextVar[tuple[str, gettext.NullTranslations] | None] = ContextVar("course_catalogue", default=None)
+_FORMATTER = string.Formatter()
 
 
 def known(lang: object) -> str:
@@ -57,133 +69,108 @@ def current() -> str:
 
 
 @contextmanager
-def speaking(lang: str) -> Iterator[None]:
-    """Give messages in ``lang`` inside the block, in this thread only (the grader, one submission each)."""
+def speaking(lang: str, catalogue: gettext.NullTranslations | None = None) -> Iterator[None]:
+    """Give messages in ``lang`` inside the block, in this thread only (the grader, one submission each);
+    from ``catalogue`` instead of the installed file when one is given."""
     token = _override.set(known(lang))
+    given = _given.set((known(lang), catalogue) if catalogue is not None else _given.get())
     try:
         yield
     finally:
+        _given.reset(given)
         _override.reset(token)
 
 
 def catalogue_path(lang: str) -> Path:
-    return HERE / f"messages_{lang}.json"
-
-
-def parts(template: str) -> list[tuple[bool, str]]:
-    """A template as (is_placeholder, text) pieces; ``{{`` and ``}}`` are literal braces."""
-    pieces, at = [], 0
-    for m in PLACEHOLDER.finditer(template):
-        pieces.append((False, template[at:m.start()]))
-        token = m.group()
-        pieces.append((False, token[0]) if token in ("{{", "}}") else (True, token))
-        at = m.end()
-    pieces.append((False, template[at:]))
-    return [(p, t) for p, t in pieces if t]
-
-
-def placeholders(template: str) -> list[str]:
-    return [text for is_placeholder, text in parts(template) if is_placeholder]
-
-
-def literal(template: str) -> str:
-    """The text of a template outside its placeholders."""
-    return "".join(text for is_placeholder, text in parts(template) if not is_placeholder)
-
-
-def plain(template: str) -> str:
-    """The text of a template without placeholders (its literal braces undoubled)."""
-    return "".join(text for _, text in parts(template))
-
-
-def _substitute(template: str, values: dict[str, str]) -> str:
-    return "".join(values.get(text, text) if is_placeholder else text for is_placeholder, text in parts(template))
-
-
-NUMBER = r"[-+]?(?:\d[\d,._]*(?:[eE][-+]?\d+)?|inf|nan)"
-TUPLE = r"\([^()]*\)"
-
-
-def _value_pattern(placeholder: str) -> str:
-    """What a placeholder's value can look like, from its expression: a number where it is formatted
-    as one or counted, a tuple where it is a shape, a name where it is a type's name, else any text."""
-    body = placeholder[1:-1]
-    expression, _, spec = body.partition(":")
-    if spec.rstrip("0123456789.,").endswith(("g", "f", "d", "e")) or \
-            expression.startswith(("len(", "int(", "float(", "round(")):
-        return NUMBER
-    if expression.startswith("tuple(") or expression.endswith(".shape"):
-        return TUPLE
-    if expression.endswith("__name__"):
-        return r"[A-Za-z_]\w*"
-    return ".+?"
-
-
-class Catalogue:
-    """One language's messages: English template -> translated template.
-
-    ``filled`` names the templates that the code fills itself (``fill``): they are looked up by their
-    template; the others (plain messages and f-strings) are found by their text. ``lines=True``
-    (for stored outputs, which hold filled templates) matches the former by their text too."""
-
-    def __init__(self, templates: dict[str, str], filled: frozenset[str] = frozenset(), lines: bool = False) -> None:
-        self.templates = templates
-        self.exact = {plain(en): plain(tr) for en, tr in templates.items() if not placeholders(en)}
-        self.patterns = []
-        for en, tr in templates.items():
-            if placeholders(en) and (lines or en not in filled):
-                regex, seen = [], {}
-                for is_placeholder, text in parts(en):
-                    if not is_placeholder:
-                        regex.append(re.escape(text))
-                    elif text in seen:
-                        regex.append(f"(?:(?P={seen[text]}))")
-                    else:
-                        seen[text] = f"p{len(seen)}"
-                        regex.append(f"(?P<{seen[text]}>{_value_pattern(text)})")
-                self.patterns.append((re.compile("".join(regex), re.S), seen, tr, len(literal(en))))
-        self.patterns.sort(key=lambda p: -p[3])  # most specific first: "measured: {m}: right", then "measured: {m}"
-
-    def say(self, text: str, depth: int = 0) -> str:
-        if text in self.exact:
-            return self.exact[text]
-        for regex, names, translated, _ in self.patterns if depth < _DEPTH and len(text) <= LONGEST else ():
-            m = regex.fullmatch(text)
-            if m:
-                values = {name: self.say(m.group(group), depth + 1) for name, group in names.items()}
-                return _substitute(translated, values)
-        return text
-
-
-def load(lang: str, lines: bool = False) -> Catalogue:
-    """The compiled messages of ``lang`` (empty for English, or when none were built)."""
-    path = catalogue_path(lang)
-    if lang == SOURCE or not path.exists():
-        return Catalogue({})
-    data = json.loads(path.read_text(encoding="utf-8"))
-    return Catalogue(data["messages"], frozenset(data.get("filled", ())), lines)
+    """Where the compiled catalogue of ``lang`` lives in the package."""
+    return LOCALE / lang / "LC_MESSAGES" / f"{DOMAIN}.mo"
 
 
 @cache
-def catalogue(lang: str) -> Catalogue:
-    """The compiled messages of ``lang``, read once."""
-    return load(lang)
+def translations(lang: str) -> gettext.NullTranslations:
+    """The compiled messages of ``lang``, read once (none for English, or when none were built)."""
+    if lang == SOURCE:
+        return gettext.NullTranslations()
+    return gettext.translation(DOMAIN, localedir=LOCALE, languages=[lang], fallback=True)
+
+
+def fill(template: str, values: dict[str, Any], lang: str) -> str:
+    """``template`` (already translated) with its placeholders filled; a particle pair right after a
+    placeholder takes the form that fits the value."""
+    pieces: list[str] = []
+    previous: str | None = None  # the text of the placeholder just filled, if the template continues with its particle
+    for literal, field, spec, conversion in _FORMATTER.parse(template):
+        if previous is not None:
+            pair = particles.PAIR.match(literal)
+            if pair:
+                literal = particles.choose(pair.group(), previous) + literal[pair.end():]
+        pieces.append(literal)
+        previous = None
+        if field is not None:
+            value, _ = _FORMATTER.get_field(field, (), values)
+            value = say(value, lang) if isinstance(value, Message) else value
+            previous = format(_FORMATTER.convert_field(value, conversion), spec or "")
+            pieces.append(previous)
+    return "".join(pieces)
+
+
+def render(template: str, values: dict[str, Any], lang: str, plural: str | None = None, n: int = 1) -> str:
+    """An English message given in ``lang``: translated, then filled."""
+    given = _given.get()
+    found = given[1] if given is not None and given[0] == lang else translations(lang)
+    chosen = found.ngettext(template, plural, n) if plural is not None else found.gettext(template)
+    return fill(chosen, values, lang)
+
+
+class Message(str):
+    """An English message that can be given in another language: the text is the English, filled;
+    ``say`` renders the template and values again in the language asked for."""
+
+    template: str
+    values: dict[str, Any]
+    plural: str | None
+    n: int
+
+    def __new__(cls, template: str, values: dict[str, Any], plural: str | None = None, n: int = 1) -> Message:
+        self = super().__new__(cls, render(template, values, SOURCE, plural, n))
+        self.template, self.values, self.plural, self.n = template, values, plural, n
+        return self
+
+    def __reduce__(self) -> tuple:
+        return Message, (self.template, self.values, self.plural, self.n)
+
+    def in_language(self, lang: str) -> str:
+        return render(self.template, self.values, lang, self.plural, self.n)
+
+
+def _(template: str, /, **values: Any) -> str:
+    """``template`` in the current language, its placeholders filled with ``values``."""
+    return render(template, values, current())
+
+
+def _n(singular: str, plural: str, n: int, /, **values: Any) -> str:
+    """The singular or plural form (by ``n``, as the language counts) in the current language, filled."""
+    return render(singular, values, current(), plural, n)
+
+
+def N_(template: str, /, **values: Any) -> Message:
+    """``template`` filled, kept in English until ``say`` gives it in a language (a deferred ``_``)."""
+    return Message(template, values)
+
+
+def N_n(singular: str, plural: str, n: int, /, **values: Any) -> Message:
+    """A deferred ``_n``."""
+    return Message(singular, values, plural, n)
 
 
 def say(text: str, lang: str | None = None) -> str:
-    """``text`` (an English message, maybe filled in) in ``lang`` (default: the current language)."""
+    """``text`` in ``lang`` (default: the current language): a ``Message`` is rendered in it; any other
+    text is looked up as it is, as a message without placeholders (a status read back as its English,
+    a reveal's ``why``), and kept when it is none."""
     lang = lang or current()
-    return text if lang == SOURCE or not text else catalogue(lang).say(str(text))
-
-
-def marked(text: str) -> str:
-    """``text`` unchanged: marks an English message that is stored before it is shown (a status
-    line), so that ``course translate`` lists it; ``say`` translates it where it is shown."""
-    return text
-
-
-def fill(template: str, lang: str | None = None, **values: object) -> str:
-    """``template`` translated into ``lang``, then its ``{name}`` placeholders filled with ``values``."""
-    lang = lang or current()
-    chosen = template if lang == SOURCE else catalogue(lang).templates.get(template, template)
-    return _substitute(chosen, {"{" + k + "}": str(v) for k, v in values.items()})
+    if isinstance(text, Message):
+        return text.in_language(lang)
+    if lang == SOURCE or not text or not isinstance(text, str):
+        return text
+    given = _given.get()
+    return (given[1] if given is not None and given[0] == lang else translations(lang)).gettext(text)

@@ -7,16 +7,20 @@ notebook (code cells and stored outputs unchanged, so nothing is executed again)
 Documents (the README, the glossary) work the same way, per `## ` section: `translations/<lang>/docs/README.yaml`
 builds `README.<lang>.md`; a section a translation leaves in English is listed, with the reason, under `english_only`.
 Every built file opens with a banner naming its two sources and this command (`course_tools.editions.banner`).
-The check messages are translated in `translations/<lang>/messages/*.yaml` and compiled into
-`course_tools/messages_<lang>.json`; a built notebook's setup cell gains the line that makes the checks
-speak its language, and its stored reveal lines are translated (`course_tools.editions.message_catalogue`).
+The check messages are translated in `translations/<lang>/LC_MESSAGES/course.po` and compiled into
+`course_tools/locale/<lang>/LC_MESSAGES/course.mo` (`course_tools.editions.po_catalogue`); a built
+notebook's setup cell gains the line that makes the checks speak its language, and its stored reveal
+lines are given in that language (`course_tools.exercises.predict.stored_reveal`).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import copy
+import gettext
 import hashlib
+import io
 import re
 import sys
 from dataclasses import dataclass, field
@@ -25,8 +29,9 @@ from pathlib import Path
 import nbformat
 
 from course_tools import messages
-from course_tools.editions import banner, message_catalogue
+from course_tools.editions import banner, po_catalogue
 from course_tools.editions.translation_yaml import literal_str, load_translation
+from course_tools.exercises import predict
 
 ROOT = Path(__file__).resolve().parents[2]
 TRANSLATIONS = "translations"  # the sources of every edition: translations/<lang>/NN_topic.yaml, .../docs/DOC.yaml
@@ -38,6 +43,9 @@ SOLUTION_MARK = "BEGIN SOLUTION"
 DOCUMENTS = {"README": "README.md", "GLOSSARY": "notebooks/GLOSSARY.md", "LECTURE_MAP": "notebooks/LECTURE_MAP.md",
              "LECTURER": "notebooks/LECTURER.md", "INSTRUCTORS": "docs/pages/instructors.md"}
 DOC_SECTIONS = ("sections", "english_only")
+# what `course translate <lang>` appends to the first code cell (the setup) of a built notebook
+LANGUAGE_LINE = "from course_tools import messages\nmessages.use({lang!r})  # checks and reveals speak {name}"
+NAMES = {"ko": "Korean"}
 
 
 def source_hash(text: str) -> str:
@@ -47,9 +55,10 @@ def source_hash(text: str) -> str:
 
 @dataclass
 class Edition:
-    """What one translation file builds: output path -> notebook text, plus the problems found."""
+    """What one translation file builds: output path -> notebook text (or bytes: a compiled catalogue),
+    plus the problems found."""
 
-    files: dict[Path, str] = field(default_factory=dict)
+    files: dict[Path, str | bytes] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     lang: str = ""
 
@@ -142,28 +151,47 @@ def build_document(root: Path, path: Path) -> Edition:
     return edition
 
 
-def build_messages(root: Path, lang: str) -> Edition:
-    """Compile `translations/<lang>/messages/*.yaml` into `course_tools/messages_<lang>.json` (nothing when
-    the folder does not exist)."""
+def build_messages(root: Path, lang: str) -> tuple[Edition, gettext.NullTranslations]:
+    """Bring `translations/<lang>/LC_MESSAGES/course.po` up to the messages in the code and compile it
+    into `course_tools/locale/<lang>/LC_MESSAGES/course.mo`; with the compiled messages, for the notebooks.
+    Nothing when `translations/<lang>/LC_MESSAGES/` does not exist (a language whose messages are not
+    translated yet: make the folder, and the build adds every message to its new PO file)."""
     edition = Edition(lang=lang)
-    if not (root / TRANSLATIONS / lang / message_catalogue.FOLDER).is_dir():
-        return edition
-    table, filled, edition.problems, _ = message_catalogue.compile_catalogue(root, lang)
-    path = root / "course_tools" / messages.catalogue_path(lang).name
-    edition.files[path] = message_catalogue.catalogue_text(table, filled, lang)
-    return edition
+    if not po_catalogue.po_path(root, lang).parent.is_dir():
+        return edition, gettext.NullTranslations()
+    catalog = po_catalogue.merged(root, lang)
+    compiled = po_catalogue.mo_bytes(catalog)
+    po = po_catalogue.po_path(root, lang)
+    edition.files[po] = po_catalogue.po_text(catalog)
+    edition.files[po_catalogue.mo_path(root, lang)] = compiled
+    edition.problems = po_catalogue.problems(catalog, po.relative_to(root).as_posix())
+    return edition, gettext.GNUTranslations(io.BytesIO(compiled))
 
 
-def _catalogue(root: Path, lang: str) -> messages.Catalogue:
-    """The messages of `lang` as built from `root`'s translation files (empty if it has none), for
-    translating stored output lines."""
-    if not (root / TRANSLATIONS / lang / message_catalogue.FOLDER).is_dir():
-        return messages.Catalogue({})
-    table, filled, _, _ = message_catalogue.compile_catalogue(root, lang)
-    return messages.Catalogue(table, frozenset(filled), lines=True)
+def speaking(nb: nbformat.NotebookNode, lang: str, where: str) -> tuple[nbformat.NotebookNode, list[str]]:
+    """A copy of a built notebook that speaks ``lang``: the setup cell (the first code cell) gains the
+    ``messages.use`` line, and the stored lines of each reveal are given in ``lang`` (the English
+    notebook's outputs, so nothing runs again). Call it inside ``messages.speaking(lang, catalogue)``."""
+    out, problems = copy.deepcopy(nb), []
+    code = [c for c in out.cells if c.cell_type == "code"]
+    if code:
+        line = LANGUAGE_LINE.format(lang=lang, name=NAMES.get(lang, lang))
+        code[0].source = code[0].source.rstrip("\n") + "\n" + line
+    for cell in code:
+        if "reveal(" not in cell.source:
+            continue
+        whys = [why for _line, why in po_catalogue.whys(ast.parse(po_catalogue.cell_source(cell.source)))]
+        streams = [o for o in cell.outputs if o.get("output_type") == "stream"]
+        shown = predict.stored_reveal(streams[-1].text, whys[0]) if streams and len(whys) == 1 else None
+        if shown is None:
+            problems.append(f"{where}: cell {cell.id}: its stored output does not end with one unanswered reveal's "
+                            "lines; they stay English")
+        else:
+            streams[-1].text = shown
+    return out, problems
 
 
-def build_file(root: Path, path: Path, catalogue: messages.Catalogue | None = None) -> Edition:
+def build_file(root: Path, path: Path, catalogue: gettext.NullTranslations | None = None) -> Edition:
     """Build the notebooks one translation file describes (notebooks/<lang>/NN.ipynb, exercises/<lang>/NN.ipynb)."""
     lang, lesson = path.parent.name, path.stem
     edition = Edition()
@@ -176,7 +204,9 @@ def build_file(root: Path, path: Path, catalogue: messages.Catalogue | None = No
             continue
         nb = banner.without(nbformat.read(english, as_version=4))  # exercises/ carry course assign's banner
         built, problems = translate_cells(nb, data.get(section), f"{lesson} ({section})")
-        built = message_catalogue.speaking(built, lang, catalogue or _catalogue(root, lang))
+        with messages.speaking(lang, catalogue or build_messages(root, lang)[1]):
+            built, spoken = speaking(built, lang, f"{lesson} ({section})")
+        problems += spoken
         built.metadata["course_edition"] = {"lang": lang, "source": f"{folder}/{lesson}.ipynb"}
         sources = [path.relative_to(root).as_posix(), f"{folder}/{lesson}.ipynb"]
         banner.with_banner(built, banner.text(sources, f"course translate {lang}", lang, fill_in=folder == "exercises"))
@@ -188,9 +218,9 @@ def build_file(root: Path, path: Path, catalogue: messages.Catalogue | None = No
 def build(root: Path, lang: str) -> Edition:
     """Build every lesson that has a translation file for `lang`."""
     edition = Edition(lang=lang)
-    catalogue = _catalogue(root, lang)
+    compiled, catalogue = build_messages(root, lang)
     parts = [build_file(root, p, catalogue) for p in translation_files(root, lang)] + \
-        [build_document(root, p) for p in document_files(root, lang)] + [build_messages(root, lang)]
+        [build_document(root, p) for p in document_files(root, lang)] + [compiled]
     if not parts:
         edition.problems.append(f"no translation files in {TRANSLATIONS}/{lang}/; start one with "
                                 f"`course translate {lang} --scaffold NN_topic`")
@@ -204,7 +234,9 @@ def out_of_date(root: Path, edition: Edition) -> list[str]:
     """Built files that differ from (or are missing among) the committed ones."""
     stale = []
     for path, text in edition.files.items():
-        if not path.exists() or path.read_text(encoding="utf-8") != text:
+        committed = (path.read_bytes() if isinstance(text, bytes) else path.read_text(encoding="utf-8")) \
+            if path.exists() else None
+        if committed != text:
             stale.append(f"{path.relative_to(root)} differs from its build; run `course translate {edition.lang}`")
     return stale
 
@@ -241,11 +273,6 @@ def scaffold(root: Path, lang: str, lesson: str) -> Path:
 def main(args: argparse.Namespace) -> int:
     root = Path(args.root)
     try:
-        if args.scaffold == "messages":
-            written = message_catalogue.scaffold(root, args.lang)
-            print(f"wrote {len(written)} files in {TRANSLATIONS}/{args.lang}/{message_catalogue.FOLDER}/: translate "
-                  "each text, keeping its {placeholders} (entries equal to the English are reported as untranslated)")
-            return 0
         if args.scaffold:
             print(f"wrote {scaffold(root, args.lang, args.scaffold).relative_to(root)}: translate each text "
                   "(entries equal to the English are reported as untranslated)")
@@ -262,7 +289,10 @@ def main(args: argparse.Namespace) -> int:
         return 1 if problems else 0
     for path, text in edition.files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        if isinstance(text, bytes):
+            path.write_bytes(text)
+        else:
+            path.write_text(text, encoding="utf-8")
     print(f"wrote {len(edition.files)} files ({len(edition.problems)} problems; "
           "cells without a translation keep the English)")
     return 1 if edition.problems else 0
@@ -273,7 +303,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("lang", help="language code, e.g. ko")
     p.add_argument("--check", action="store_true", help="write nothing; report stale, missing or out-of-date files")
     p.add_argument("--scaffold", metavar="LESSON", help="start or complete translations/<lang>/LESSON.yaml "
-                   f"(or a document's, LESSON one of {', '.join(DOCUMENTS)}; or `messages`: every check message "
-                   "still missing in translations/<lang>/messages/)")
+                   f"(or a document's, LESSON one of {', '.join(DOCUMENTS)}); the check messages need no scaffold: "
+                   "each build adds the new ones to translations/<lang>/LC_MESSAGES/course.po")
     p.add_argument("--root", default=str(ROOT), help=argparse.SUPPRESS)
     p.set_defaults(func=main)

@@ -1,6 +1,7 @@
 """The YAML files of a translation (``translations/<lang>/``): read one with its allowed sections, write
-one with multi-line texts as block strings, for the lessons and documents (``translate``) and the check
-messages (``message_catalogue``) alike. PyYAML is a developer tool, so it is imported only when a file is read."""
+one with multi-line texts as block strings, for the lessons and documents (``translate``; the check
+messages are a PO file, ``po_catalogue``). PyYAML is a developer tool, so it is imported only when a file
+is read."""
 
 from __future__ import annotations
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from course_tools.messages import fill, marked, say
+from course_tools.messages import N_, _, say
 
-# marked: the feedback shows them translated (course_tools.messages); the values stay English
-PASS, FAIL, NOT_ATTEMPTED, ERROR = marked("pass"), marked("fail"), marked("not attempted"), marked("error")
+# N_: the feedback shows them translated (course_tools.messages); the values stay English
+PASS, FAIL, NOT_ATTEMPTED, ERROR = N_("pass"), N_("fail"), N_("not attempted"), N_("error")
 
 STRICT = os.environ.get("NBGRADER_EXECUTION") in ("autograde", "validate") or \
     os.environ.get("COURSE_CHECKS_STRICT") == "1"
@@ -88,7 +88,7 @@ def exercise(name: str | None = None, *, cases: Callable[[torch.Generator], list
 
 
 def _your_answer(gen: torch.Generator) -> list[Case]:
-    return [Case(marked("your answer"))]
+    return [Case(N_("your answer"))]
 
 
 def question(*, explain: str, hints: Sequence[Hint] = (), atol: float = 1e-5,
@@ -123,9 +123,9 @@ def draw(name: str, seed: int) -> list[Case]:
 
 def _describe(x: Any) -> str:
     if isinstance(x, torch.Tensor):
-        return f"tensor of shape {tuple(x.shape)}"
+        return _("tensor of shape {x_shape}", x_shape=tuple(x.shape))
     if isinstance(x, (tuple, list)):
-        return f"{type(x).__name__} of {len(x)}"
+        return _("{kind} of {length}", kind=type(x).__name__, length=len(x))
     return type(x).__name__
 
 
@@ -135,31 +135,36 @@ def _fmt(x: float) -> str:
 
 def _compare_exact(got: torch.Tensor, expected: torch.Tensor) -> tuple[bool, str]:
     if expected.dtype == torch.bool and got.dtype != torch.bool:
-        return False, f"expected a bool tensor, got dtype {got.dtype}"
+        return False, _("expected a bool tensor, got dtype {got_dtype}", got_dtype=got.dtype)
     wrong = int((got.to(expected.dtype) != expected).sum())
     if wrong:
-        return False, f"{wrong} of {expected.numel()} entries differ"
-    return True, f"shape {tuple(expected.shape)}, all entries equal"
+        return False, _("{wrong} of {expected_numel} entries differ", wrong=wrong, expected_numel=expected.numel())
+    return True, _("shape {expected_shape}, all entries equal", expected_shape=tuple(expected.shape))
 
 
 def _compare_close(got: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float) -> tuple[bool, str]:
     g, e = got.detach().double(), expected.detach().double()
     nan_g, nan_e = torch.isnan(g), torch.isnan(e)
     if not torch.equal(nan_g, nan_e):
-        return False, f"NaN in {int(nan_g.sum())} entries where the reference has {int(nan_e.sum())}"
+        return False, _("NaN in {nan_g_sum} entries where the reference has {nan_e_sum}", nan_g_sum=int(nan_g.sum()),
+                        nan_e_sum=int(nan_e.sum()))
     g, e = torch.where(nan_e, 0.0, g), torch.where(nan_e, 0.0, e)
     err = (g - e).abs()
     max_err = float(err.max()) if err.numel() else 0.0
     if bool((err <= atol + rtol * e.abs()).all()):
-        return True, f"shape {tuple(expected.shape)}, max error within {atol:g}"
-    return False, f"shape {tuple(expected.shape)} ok, but max error {_fmt(max_err)} (tolerance {atol:g})"
+        return True, _("shape {expected_shape}, max error within {atol:g}", expected_shape=tuple(expected.shape),
+                       atol=atol)
+    return False, _("shape {expected_shape} ok, but max error {max_err} (tolerance {atol:g})",
+                    expected_shape=tuple(expected.shape), max_err=_fmt(max_err), atol=atol)
 
 
 def _compare_tensor(got: Any, expected: torch.Tensor, atol: float, rtol: float) -> tuple[bool, str]:
     if not isinstance(got, torch.Tensor):
-        return False, f"expected a {_describe(expected)}, got {_describe(got)}"
+        return False, _("expected a {describe_expected}, got {describe_got}", describe_expected=_describe(expected),
+                        describe_got=_describe(got))
     if got.shape != expected.shape:
-        return False, f"expected shape {tuple(expected.shape)}, got {tuple(got.shape)}"
+        return False, _("expected shape {expected_shape}, got {got_shape}", expected_shape=tuple(expected.shape),
+                        got_shape=tuple(got.shape))
     if expected.dtype == torch.bool or not expected.is_floating_point():
         return _compare_exact(got, expected)
     return _compare_close(got, expected, atol, rtol)
@@ -167,26 +172,30 @@ def _compare_tensor(got: Any, expected: torch.Tensor, atol: float, rtol: float) 
 
 def _compare_sequence(got: Any, expected: tuple | list, atol: float, rtol: float) -> tuple[bool, str]:
     if not isinstance(got, (tuple, list)) or len(got) != len(expected):
-        return False, f"expected a {_describe(expected)}, got {_describe(got)}"
+        return False, _("expected a {describe_expected}, got {describe_got}", describe_expected=_describe(expected),
+                        describe_got=_describe(got))
     details = []
     for i, (g, e) in enumerate(zip(got, expected, strict=True)):
         ok, detail = compare(g, e, atol, rtol)
         if not ok:
-            return False, f"item {i}: {detail}"
+            return False, _("item {i}: {detail}", i=i, detail=detail)
         details.append(detail)
-    return True, "; ".join(details) if len(details) <= 2 else f"all {len(details)} items match"
+    return True, "; ".join(details) if len(details) <= 2 else _("all {len_details} items match",
+                                                                len_details=len(details))
 
 
 def _compare_number(got: Any, expected: int | float, atol: float, rtol: float) -> tuple[bool, str]:
     if isinstance(got, torch.Tensor) and got.numel() == 1:
         got = got.item()
     if not isinstance(got, (int, float)) or isinstance(got, bool):
-        return False, f"expected a number, got {_describe(got)}"
+        return False, _("expected a number, got {describe_got}", describe_got=_describe(got))
     if isinstance(expected, int):  # a count: exact, also when it comes as a float (124439808.0)
         exact = got == expected if isinstance(got, int) else got.is_integer() and int(got) == expected
-        return exact, f"expected {expected}, got {got}"
+        return exact, _("expected {expected}, got {got}", expected=expected, got=got)
     ok = math.isclose(got, expected, rel_tol=rtol, abs_tol=atol)
-    return ok, (f"value within {atol:g}" if ok else f"expected {_fmt(expected)}, got {_fmt(got)}")
+    return ok, (_("value within {atol:g}", atol=atol) if ok else
+                _("expected {expected}, got {got}", expected=_fmt(expected),
+                                                      got=_fmt(got)))
 
 
 def compare(got: Any, expected: Any, atol: float, rtol: float) -> tuple[bool, str]:
@@ -196,11 +205,11 @@ def compare(got: Any, expected: Any, atol: float, rtol: float) -> tuple[bool, st
     if isinstance(expected, (tuple, list)):
         return _compare_sequence(got, expected, atol, rtol)
     if isinstance(expected, bool) or isinstance(expected, str) or expected is None:
-        return (got == expected), f"expected {expected!r}, got {got!r}"
+        return (got == expected), _("expected {expected!r}, got {got!r}", expected=expected, got=got)
     if isinstance(expected, (int, float)):
         return _compare_number(got, expected, atol, rtol)
     ok = got == expected
-    return bool(ok), f"expected {expected!r}, got {got!r}"
+    return bool(ok), _("expected {expected!r}, got {got!r}", expected=expected, got=got)
 
 
 @dataclass
@@ -236,15 +245,16 @@ class CheckResult:
     def summary(self) -> str:
         """The first line, in the learner's language (``course_tools.messages``)."""
         if self.status == NOT_ATTEMPTED and self.question:
-            return fill("{name}: not answered yet (replace the ... by your answer)", name=self.name)
+            return _("{name}: not answered yet (replace the ... by your answer)", name=self.name)
         if self.status == NOT_ATTEMPTED:
-            return fill("{name}: not attempted yet (the function still raises NotImplementedError)", name=self.name)
+            return _("{name}: not attempted yet (the function still raises NotImplementedError)", name=self.name)
         if self.question:
-            return fill("{name}: right" if self.status == PASS else "{name}: not right yet", name=self.name)
+            return _("{name}: right", name=self.name) if self.status == PASS else \
+                _("{name}: not right yet", name=self.name)
         if self.status == PASS:
-            return fill("{name}: {passed}/{total} cases passed (all cases passed)", name=self.name,
+            return _("{name}: {passed}/{total} cases passed (all cases passed)", name=self.name,
                         passed=self.passed, total=self.total)
-        return fill("{name}: {passed}/{total} cases passed (some cases failed)", name=self.name,
+        return _("{name}: {passed}/{total} cases passed (some cases failed)", name=self.name,
                     passed=self.passed, total=self.total)
 
     def report(self) -> str:
@@ -252,7 +262,7 @@ class CheckResult:
         if self.status != NOT_ATTEMPTED:
             lines += [o.line for o in self.outcomes]
         if self.status == PASS and self.explain:
-            lines.append("  " + fill("why: {why}", why=say(self.explain)))
+            lines.append("  " + _("why: {why}", why=say(self.explain)))
         return "\n".join(lines)
 
 
@@ -273,9 +283,10 @@ def judge(ex: Exercise, case: Case, got: Any, expected: Any, hints: bool = True)
     try:
         ok, detail = ex.verdict(case, got, expected) if ex.verdict else compare(got, expected, ex.atol, ex.rtol)
     except Exception as exc:  # a malformed answer must not crash the check
-        ok, detail = False, f"could not compare: {error_line(exc)}"
+        ok, detail = False, _("could not compare: {error}", error=error_line(exc))
     if ex.is_question:  # the detail of a comparison would give the right answer away
-        detail = fill("{answer} is right" if ok else "{answer} is not the answer", answer=_short(got))
+        answer = _short(got)
+        detail = _("{answer} is right", answer=answer) if ok else _("{answer} is not the answer", answer=answer)
     detail, label = say(detail), say(case.label)
     if ok:
         return Outcome(PASS, f"  ✓ {label}: {detail}")
@@ -285,7 +296,7 @@ def judge(ex: Exercise, case: Case, got: Any, expected: Any, hints: bool = True)
         except Exception:
             text = None
         if text:
-            detail = fill("{detail} — hint: {hint}", detail=detail, hint=say(text))
+            detail = _("{detail} — hint: {hint}", detail=detail, hint=say(text))
             break
     return Outcome(FAIL, f"  ✗ {label}: {detail}")
 
@@ -327,12 +338,12 @@ def returning(value: Any) -> Callable[[], Any]:
 
 
 def not_attempted(case: Case) -> Outcome:
-    return Outcome(NOT_ATTEMPTED, f"  · {say(case.label)}: " + fill("not attempted yet"))
+    return Outcome(NOT_ATTEMPTED, "  · " + _("{label}: not attempted yet", label=say(case.label)))
 
 
 def raised(case: Case, error: str) -> Outcome:
     """The outcome of an answer that raised ``error`` (one line: the type and the message's first line)."""
-    return Outcome(ERROR, f"  ✗ {say(case.label)}: " + fill("raised {error}", error=error))
+    return Outcome(ERROR, "  ✗ " + _("{label}: raised {error}", label=say(case.label), error=error))
 
 
 def result_status(outcomes: list[Outcome]) -> str:

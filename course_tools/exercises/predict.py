@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from course_tools.messages import fill, say
+from course_tools.messages import SOURCE, _, say, speaking
 
 
 def _plain(x: Any) -> Any:
@@ -45,22 +45,41 @@ def reveal(prediction: Any, measured: Any, why: str, tolerance: float = 0.0) -> 
     The lines are in the learner's language (``course_tools.messages``), ``why`` included."""
     prediction, measured = _plain(prediction), _plain(measured)
     if prediction is Ellipsis or prediction is None:
-        print(fill(FIRST_LINE_UNANSWERED))
-        print(fill("measured: {measured}", measured=repr(measured)))
-        print(fill("why: {why}", why=say(why)))
+        print("\n".join(unanswered(repr(measured), why)))
         return
     right = _matches(prediction, measured, tolerance)
-    print(fill("your prediction: {prediction}", prediction=repr(prediction)))
+    print(_("your prediction: {prediction}", prediction=repr(prediction)))
     if right and tolerance:
-        print(fill("measured: {measured}: right (within {tolerance})", measured=repr(measured),
-                   tolerance=f"{tolerance:g}"))
+        print(_("measured: {measured}: right (within {tolerance:g})", measured=repr(measured), tolerance=tolerance))
+    elif right:
+        print(_("measured: {measured}: right", measured=repr(measured)))
     else:
-        print(fill("measured: {measured}: right" if right else "measured: {measured}: not what happened",
-                   measured=repr(measured)))
-    print(fill("why: {why}", why=say(why)))
+        print(_("measured: {measured}: not what happened", measured=repr(measured)))
+    print(_("why: {why}", why=say(why)))
 
 
-FIRST_LINE_UNANSWERED = "your prediction: none yet (write it in the cell above, then run this cell again)"
+def unanswered(measured: str, why: str) -> list[str]:
+    """The lines of a reveal whose prediction was left at ``...``, in the current language
+    (``measured``: the measurement's repr)."""
+    return [_("your prediction: none yet (write it in the cell above, then run this cell again)"),
+            _("measured: {measured}", measured=measured), _("why: {why}", why=say(why))]
+
+
+def stored_reveal(text: str, why: str) -> str | None:
+    """A cell's stored output that ends with a reveal's lines (what ``reveal`` printed in English for a
+    prediction left at ``...``, the way lessons are stored), those lines printed again in the current
+    language; None when ``text`` does not end with them. The measurement is the one value they hold:
+    what stands where ``unanswered`` puts it in the English lines."""
+    with speaking(SOURCE):
+        english = unanswered("\0", why)
+    before, _mark, after = english[1].partition("\0")
+    lines = text.rstrip("\n").split("\n")
+    head, tail = lines[:-3], lines[-3:]
+    if len(tail) != 3 or tail[0] != english[0] or tail[2] != english[2] or \
+            not (tail[1].startswith(before) and tail[1].endswith(after)):
+        return None
+    measured = tail[1][len(before):len(tail[1]) - len(after)]
+    return "\n".join(head + unanswered(measured, why)) + "\n"
 
 
 PREDICTION = re.compile(r"^prediction_\w+ = \.\.\.", re.M)

@@ -45,7 +45,7 @@ from course_tools.grading.text import clean
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_EXERCISES = ROOT / "exercises"
 WALL_GRACE = 15  # seconds past the notebook limit before the sandbox is ended from outside
-REFERENCE_FLAG = messages.marked("tried to use the exercise references")
+REFERENCE_FLAG = messages.N_("tried to use the exercise references")
 SETUP = """import course_tools.grading.kernel_side as _course_grading
 _course_answer = _course_grading.Answerer({jobdir!r}, globals())
 """
@@ -100,7 +100,8 @@ def judge_case(ex: checks.Exercise, case: checks.Case, result: Any) -> checks.Ou
     if status == checks.ATTEMPT_ERROR:
         return checks.raised(case, clean(result.get("message"), 300))
     if status != checks.ATTEMPT_OK:
-        return checks.Outcome(checks.ERROR, f"  ✗ {messages.say(case.label)}: " + messages.fill("malformed result"))
+        return checks.Outcome(checks.ERROR, "  ✗ " + messages._("{label}: malformed result",
+                                                                label=messages.say(case.label)))
     expected = checks.call(ex.reference, case)
     got = result.get("value")
     hints = _numel(got) <= 4 * _numel(expected) + 1024  # hints compute on the answer: only on bounded sizes
@@ -108,21 +109,22 @@ def judge_case(ex: checks.Exercise, case: checks.Case, result: Any) -> checks.Ou
 
 
 def _timed_out(name: str, max_points: float) -> ExerciseScore:
-    return ExerciseScore(name, 0, max_points, messages.marked("timeout"),
-                         ["  ✗ " + messages.fill("timed out: the function did not return in time")])
+    return ExerciseScore(name, 0, max_points, messages.N_("timeout"),
+                         ["  ✗ " + messages._("timed out: the function did not return in time")])
 
 
 def _failed(name: str, max_points: float, reason: str, line: str | None = None) -> ExerciseScore:
     """An exercise that scored nothing because of ``reason`` (the status stays English, for the
     instructor); the learner's ``line`` says it in the learner's language (default: ``reason`` translated)."""
-    return ExerciseScore(name, 0, max_points, f"error: {reason}", ["  ✗ " + (line or messages.say(reason))])
+    return ExerciseScore(name, 0, max_points, messages.N_("error: {reason}", reason=reason),
+                         ["  ✗ " + (line or messages.say(reason))])
 
 
 def _first_error(result: Any) -> str:
     """The status of an exercise whose every case failed to run: the first case's error."""
     if isinstance(result, dict) and result.get("status") == "error":
         return clean(result.get("message"), 300)
-    return "malformed result"
+    return messages.N_("malformed result")
 
 
 def score(name: str, max_points: float, cases: list[checks.Case], loaded: dict, answer_error: str | None) \
@@ -134,15 +136,15 @@ def score(name: str, max_points: float, cases: list[checks.Case], loaded: dict, 
         if answer_error:
             return _failed(name, max_points, answer_error, answer_error)
         function = clean(loaded["function"], 80)
-        return _failed(name, max_points, f"NameError: the answer cell does not define {function}()",
-                       messages.fill("NameError: the answer cell does not define {function}()", function=function))
+        return _failed(name, max_points, messages.N_("NameError: the answer cell does not define {function}()",
+                                                     function=function))
     if len(loaded["results"]) != len(cases):
-        return _failed(name, max_points, "malformed results", messages.fill("malformed results"))
+        return _failed(name, max_points, messages.N_("malformed results"))
     ex = checks.get(name)
     outcomes = [judge_case(ex, case, result) for case, result in zip(cases, loaded["results"], strict=True)]
     verdict = checks.result_status(outcomes)
     if verdict == checks.FAIL and all(o.status == checks.ERROR for o in outcomes):
-        verdict = "error: " + _first_error(loaded["results"][0])
+        verdict = messages.N_("error: {reason}", reason=_first_error(loaded["results"][0]))
     points = max_points if verdict == checks.PASS else 0
     return ExerciseScore(name, points, max_points, verdict, [o.line for o in outcomes])
 
@@ -160,8 +162,8 @@ def score_exercise(name: str, job: Job, files: dict[str, bytes], run: RunReport,
         timed_out = killed or run.status == "timeout"
         if (collect_error or "").startswith("KeyboardInterrupt") or (timed_out and collect_error is None):
             return _timed_out(name, max_points)
-        stopped = messages.marked("the notebook stopped before this exercise")
-        reason = clean(answer_error or collect_error or stopped, 300)
+        error = answer_error or collect_error
+        reason = clean(error, 300) if error else messages.N_("the notebook stopped before this exercise")
         return _failed(name, max_points, reason)
     loaded = checked[results.file_name(name)]
     if isinstance(loaded, results.ContractError):
@@ -185,12 +187,13 @@ def manual_scores(base: nbformat.NotebookNode, parsed: submission.Parsed) -> lis
 def overall_status(sub: Submission, job: Job, run_status: str) -> str:
     problems = "; ".join(f"{k}: {v}" for k, v in job.problems.items())
     if run_status != "finished":
-        return f"notebook {run_status}" + (f"; {problems}" if problems else "")
+        return messages.N_("notebook {status}; {problems}", status=run_status, problems=problems) if problems \
+            else messages.N_("notebook {status}", status=run_status)
     if problems:
-        return f"graded with problems: {problems}"
+        return messages.N_("graded with problems: {problems}", problems=problems)
     if sub.exercises and all(e.status == checks.NOT_ATTEMPTED for e in sub.exercises if not e.pending):
-        return "not attempted"
-    return "graded"
+        return checks.NOT_ATTEMPTED
+    return messages.N_("graded")
 
 
 def grade_parsed(sub: Submission, parsed: submission.Parsed, base: nbformat.NotebookNode, sandbox: Sandbox,
@@ -232,10 +235,11 @@ def claimed_lesson(parsed: submission.Parsed, lesson: str, pristine: dict[str, n
     """A warning when the submission says (in its metadata) or shows (by its answer cells) another
     lesson than the one it is graded as, else None."""
     if parsed.lesson is not None and parsed.lesson != lesson:
-        return f"claims lesson {clean(parsed.lesson, 60)!r}; graded as {lesson}"
+        return messages.N_("claims lesson {claimed!r}; graded as {lesson}", claimed=clean(parsed.lesson, 60),
+                           lesson=lesson)
     answers = set(submission.exercise_cells(pristine[lesson])[0])
     if parsed.answers and not set(parsed.answers) & answers:
-        return f"none of its answer cells belongs to lesson {lesson}"
+        return messages.N_("none of its answer cells belongs to lesson {lesson}", lesson=lesson)
     return None
 
 

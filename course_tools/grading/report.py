@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from course_tools.grading.text import clean, code_block, csv_cell, file_name, markdown_text, redact
-from course_tools.messages import SOURCE, fill, marked, say
+from course_tools.messages import N_, SOURCE, say
 
-PENDING = marked("pending: graded by hand")  # the status of a manually graded answer (nbgrader's written answers)
+PENDING = N_("pending: graded by hand")  # the status of a manually graded answer (nbgrader's written answers)
 FILE_MODE = 0o640  # the gradebook and feedback: the instructor writes, the instructor's group reads
 DIR_MODE = 0o750
 
@@ -100,20 +100,20 @@ def feedback_markdown(sub: Submission) -> str:
     def status(value: str) -> str:  # the status stays English in the gradebook; here it is translated
         return text(say(value, sub.lang))
 
-    lang, lesson = sub.lang, text(sub.lesson, 40) or fill("unknown", sub.lang)
+    lang, lesson = sub.lang, text(sub.lesson, 40) or say(N_("unknown"), sub.lang)
     points = dict(lesson=lesson, total=f"{sub.total:g}", max=f"{sub.max_points:g}", status=status(sub.status))
-    lines = [fill("# Feedback: {student}", lang, student=text(sub.student, 80)), "",
-             fill("Lesson {lesson}: {total} of {max} points, {pending} more to be graded by hand ({status}).", lang,
-                  pending=f"{sub.pending:g}", **points) if sub.pending else
-             fill("Lesson {lesson}: {total} of {max} points ({status}).", lang, **points), ""]
-    lines += [fill("Flagged: {flag}", lang, flag=status(flag)) for flag in sub.flags] + ([""] if sub.flags else [])
+    lines = [say(N_("# Feedback: {student}", student=text(sub.student, 80)), lang), "",
+             say(N_("Lesson {lesson}: {total} of {max} points, {pending} more to be graded by hand ({status}).",
+                    pending=format(sub.pending, "g"), **points), lang) if sub.pending else
+             say(N_("Lesson {lesson}: {total} of {max} points ({status}).", **points), lang), ""]
+    lines += [say(N_("Flagged: {flag}", flag=status(flag)), lang) for flag in sub.flags] + ([""] if sub.flags else [])
     for e in sub.exercises:
-        got = fill("pending", lang) if e.pending else f"{e.points:g}"
+        got = say(N_("pending"), lang) if e.pending else f"{e.points:g}"
         lines += [f"## {text(e.name, 80)}: {got} / {e.max_points:g} ({status(e.status)})", ""]
         body = e.answer.splitlines() if e.pending else e.lines
         lines += code_block([redact(line.strip() if not e.pending else line) for line in body]) + [""]
     if sub.seed is not None:
-        lines += [fill("Cases drawn with seed {seed}.", lang, seed=sub.seed), ""]
+        lines += [say(N_("Cases drawn with seed {seed}.", seed=sub.seed), lang), ""]
     return "\n".join(lines)
 
 

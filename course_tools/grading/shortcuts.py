@@ -25,13 +25,13 @@ from functools import cache
 from pathlib import Path
 
 from course_tools.exercises import REFERENCES
-from course_tools.messages import marked
+from course_tools.messages import N_
 
 ROOT = Path(__file__).resolve().parents[2]
 UTILITIES = {"course_utils.cpu_threads"}  # helpers the references use, taught nowhere
 MARKER = "is what this exercise teaches"
 SHORTCUT_MESSAGE = "{qualified} " + MARKER + ": write it yourself (the library version is not available while grading)"
-FLAG = marked("called a course_utils function that an exercise teaches (scored 0)")
+FLAG = N_("called a course_utils function that an exercise teaches (scored 0)")
 EXERCISE_DECORATORS = {"exercise", "question"}
 
 

@@ -158,9 +158,10 @@ def rebuild(pristine: nbformat.NotebookNode, parsed: Parsed, setup: str) -> tupl
             if len(found) == 1:
                 cell.source = found[0]
             elif not found:
-                problems[grade_id] = messages.marked("missing answer cell")
+                problems[grade_id] = messages.N_("missing answer cell")
             else:
-                problems[grade_id] = messages.marked(f"{len(found)} answer cells with grade_id {grade_id!r}")
+                problems[grade_id] = messages.N_("{count} answer cells with grade_id {grade_id!r}", count=len(found),
+                                                 grade_id=grade_id)
             cell.metadata = {**cell.metadata, GRADER_CELL: "timed"}
             answer_index[grade_id] = len(cells)
         cells.append(cell)

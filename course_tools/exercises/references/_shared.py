@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from course_tools.messages import _
+
 ATOL, RTOL = 1e-4, 1e-3  # the tolerance of a hint's comparison; the checker's own is in checks.compare
 
 
@@ -58,7 +60,8 @@ def known_wrong(table: dict[Any, str]) -> Callable[[Any, Any, Any], str | None]:
 
     def hint(case: Any, got: Any, expected: Any) -> str | None:
         if isinstance(got, str) and isinstance(expected, str) and got.strip().lower() == expected:
-            return f"write just the letter, in lower case: {got.strip().lower()!r}"
+            return _("write just the letter, in lower case: {got_strip_lower!r}", got_strip_lower=got.strip().lower())
         return next((why for wrong, why in table.items() if _same_answer(got, wrong)), None)
 
+    hint.table = table  # the known wrong answers, for the tests that try them
     return hint

@@ -8,12 +8,13 @@ from einops import rearrange, reduce
 
 from course_tools.exercises.checks import Case, exercise, question
 from course_tools.exercises.references._shared import known_wrong
+from course_tools.messages import N_, _
 
 SHAPES = [(1, 1, 1), (2, 3, 4), (4, 7, 5)]
 
 
 def _btd_cases(gen: torch.Generator) -> list[Case]:
-    return [Case(f"x of shape (B={b}, T={t}, D={d})", (torch.randn(b, t, d, generator=gen),))
+    return [Case(N_("x of shape (B={b}, T={t}, D={d})", b=b, t=t, d=d), (torch.randn(b, t, d, generator=gen),))
             for b, t, d in SHAPES]
 
 
@@ -21,7 +22,7 @@ def _same_values_other_order(case: Case, got, expected) -> str | None:
     if isinstance(got, torch.Tensor) and got.shape == expected.shape and torch.allclose(
         got.flatten().sort().values, expected.flatten().sort().values
     ):
-        return "the right numbers in the wrong order: merge (b t), not (t b)"
+        return _("the right numbers in the wrong order: merge (b t), not (t b)")
     return None
 
 
@@ -34,9 +35,9 @@ def flatten_tokens(x: torch.Tensor) -> torch.Tensor:
 def _reduced_wrong_axis(case: Case, got, expected) -> str | None:
     x = case.args[0]
     if isinstance(got, torch.Tensor) and got.shape == x.mean(dim=2).shape != expected.shape:
-        return "you averaged over D; average over the time axis T"
+        return _("you averaged over D; average over the time axis T")
     if isinstance(got, torch.Tensor) and torch.allclose(got, x.sum(dim=1), atol=1e-5):
-        return "that is the sum over T; divide by T (use reduce(..., 'mean'))"
+        return _("that is the sum over T; divide by T (use reduce(..., 'mean'))")
     return None
 
 
@@ -57,7 +58,7 @@ def _pair_cases(gen: torch.Generator) -> list[Case]:
 
 def _transposed(case: Case, got, expected) -> str | None:
     if isinstance(got, torch.Tensor) and got.shape == expected.transpose(1, 2).shape != expected.shape:
-        return "the output is (B, S, T); the first sequence's axis comes first: 'b t d, b s d -> b t s'"
+        return _("the output is (B, S, T); the first sequence's axis comes first: 'b t d, b s d -> b t s'")
     return None
 
 
@@ -69,12 +70,12 @@ def pairwise_dots(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 # --- self-check questions ------------------------------------------------------------------------
 
-@question(explain="h=4 cuts D=12 into 4 heads of d=3, and (b h) merges the heads into the batch axis, "
-                  "batch-major: (B·H, T, D/H) = (8, 5, 3).",
+@question(explain=N_("h=4 cuts D=12 into 4 heads of d=3, and (b h) merges the heads into the batch axis, "
+                     "batch-major: (B·H, T, D/H) = (8, 5, 3)."),
           hints=[known_wrong({
-              (2, 4, 5, 3): "that is 'b h t d': here b and h are merged into one axis, (b h)",
-              (8, 5, 12): "the heads are cut out of D: each keeps D/H = 3 features, not all 12",
-              (2, 20, 3): "(b h) merges b with h, not t with h: the positions stay a separate axis of 5",
+              (2, 4, 5, 3): N_("that is 'b h t d': here b and h are merged into one axis, (b h)"),
+              (8, 5, 12): N_("the heads are cut out of D: each keeps D/H = 3 features, not all 12"),
+              (2, 20, 3): N_("(b h) merges b with h, not t with h: the positions stay a separate axis of 5"),
           })])
 def merged_heads_shape() -> tuple:
     """The shape of rearrange(x, "b t (h d) -> (b h) t d", h=4) for x of shape (2, 5, 12)."""
@@ -85,11 +86,11 @@ PATTERNS = {"a": ("b t (h d) -> t b h d", 4), "b": ("b t (d h) -> b t d h", 4),
             "c": ("b t (h d) -> b h t d", 3), "d": ("b t (h d) -> t b d h", 4)}
 
 
-@question(explain="(h d) with h = 4 cuts D = 12 into h = 4 and d = 3; 't b d h' lists them as (5, 2, 3, 4).",
+@question(explain=N_("(h d) with h = 4 cuts D = 12 into h = 4 and d = 3; 't b d h' lists them as (5, 2, 3, 4)."),
           hints=[known_wrong({
-              "a": "'t b h d' with h = 4 puts the 4 heads before the 3 features: (5, 2, 4, 3)",
-              "b": "'b t d h' keeps the batch axis first: (2, 5, 3, 4)",
-              "c": "'b h t d' with h = 3 gives (2, 3, 5, 4): the batch axis stays first",
+              "a": N_("'t b h d' with h = 4 puts the 4 heads before the 3 features: (5, 2, 4, 3)"),
+              "b": N_("'b t d h' keeps the batch axis first: (2, 5, 3, 4)"),
+              "c": N_("'b h t d' with h = 3 gives (2, 3, 5, 4): the batch axis stays first"),
           })])
 def pattern_for_shape() -> str:
     """Multiple choice: which rearrange turns x of shape (2, 5, 12) into shape (5, 2, 3, 4)?"""
@@ -97,11 +98,11 @@ def pattern_for_shape() -> str:
     return next(k for k, (pattern, h) in PATTERNS.items() if rearrange(x, pattern, h=h).shape == (5, 2, 3, 4))
 
 
-@question(explain="one product per (b, t, s, d): 2·3·5·4 = 120; d is summed away, b, t and s stay in the output.",
+@question(explain=N_("one product per (b, t, s, d): 2·3·5·4 = 120; d is summed away, b, t and s stay in the output."),
           hints=[known_wrong({
-              30: "30 = B·T·S counts the outputs; each output is a sum of D = 4 products",
-              24: "24 = B·T·D is the size of a; every query row meets every one of the S = 5 key rows",
-              40: "40 = B·S·D is the size of b; every key row meets every one of the T = 3 query rows",
+              30: N_("30 = B·T·S counts the outputs; each output is a sum of D = 4 products"),
+              24: N_("24 = B·T·D is the size of a; every query row meets every one of the S = 5 key rows"),
+              40: N_("40 = B·S·D is the size of b; every key row meets every one of the T = 3 query rows"),
           })])
 def einsum_products() -> int:
     """How many multiplications "b t d, b s d -> b t s" does for B=2, T=3, S=5, D=4."""
@@ -118,13 +119,13 @@ def _mean_std(T: int, n: int = 4_000, D: int = 16) -> float:
     return float(reduce(x, "b t d -> b d", "mean").std())
 
 
-@question(explain="the average of T independent unit-variance numbers has standard deviation T^(−1/2) = 1/√T: "
-                  "on a log-log plot a straight line of slope −0.5.",
+@question(explain=N_("the average of T independent unit-variance numbers has standard deviation T^(−1/2) = 1/√T: on "
+                     "a log-log plot a straight line of slope −0.5."),
           atol=0.03,
           hints=[known_wrong({
-              -1.0: "a slope of −1 means the spread falls like 1/T; it is the variance that does",
-              0.5: "the spread shrinks as T grows: the slope is negative",
-              -0.25: "fit log(spread) against log(T) in the same base on both axes (or natural logs on both)",
+              -1.0: N_("a slope of −1 means the spread falls like 1/T; it is the variance that does"),
+              0.5: N_("the spread shrinks as T grows: the slope is negative"),
+              -0.25: N_("fit log(spread) against log(T) in the same base on both axes (or natural logs on both)"),
           })])
 def spread_exponent() -> float:
     """Experiment: the least-squares slope of log(standard deviation of the mean over T) against log T,

@@ -14,6 +14,7 @@ import torch
 
 from course_tools.exercises.checks import Case, exercise, question
 from course_tools.exercises.references._shared import attention_weights, close, known_wrong
+from course_tools.messages import N_, _
 from course_utils.attention import causal_mask, padding_mask, scaled_dot_product_attention, softmax
 
 
@@ -26,7 +27,7 @@ def _has_nan(got) -> bool:
 
 def _softmax_cases(gen: torch.Generator) -> list[Case]:
     sizes = [(1, 1, 1, 1.0), (2, 3, 4, 1.0), (2, 4, 5, 30.0), (1, 3, 6, 500.0)]
-    return [Case(f"x of shape (B={b}, T={t}, S={s}), scores of size ~{scale:g}",
+    return [Case(N_("x of shape (B={b}, T={t}, S={s}), scores of size ~{scale:g}", b=b, t=t, s=s, scale=scale),
                  (torch.randn(b, t, s, generator=gen) * scale + scale,))
             for b, t, s, scale in sizes]
 
@@ -34,12 +35,12 @@ def _softmax_cases(gen: torch.Generator) -> list[Case]:
 def _softmax_hint(case: Case, got, expected) -> str | None:
     x = case.args[0]
     if _has_nan(got) or (isinstance(got, torch.Tensor) and torch.isinf(got).any()):
-        return "exp overflowed: subtract each row's maximum before exp (the result does not change)"
+        return _("exp overflowed: subtract each row's maximum before exp (the result does not change)")
     for dim in (0, 1):
         if x.shape[dim] > 1 and close(got, torch.softmax(x, dim=dim)):
-            return f"you normalised over axis {dim}; each query's row of scores is the last axis (dim=-1)"
+            return _("you normalised over axis {dim}; each query's row of scores is the last axis (dim=-1)", dim=dim)
     if close(got, x.exp()):
-        return "you forgot to divide by the sum of the exponentials"
+        return _("you forgot to divide by the sum of the exponentials")
     return None
 
 
@@ -62,11 +63,11 @@ def _one_query_cases(gen: torch.Generator) -> list[Case]:
 def _scaling_hint(case: Case, got, expected) -> str | None:
     q, K = case.args
     if close(got, attention_weights(q[None], K, scale=False)[0]):
-        return "the scores are not scaled: divide q·k by √d_k before the softmax"
+        return _("the scores are not scaled: divide q·k by √d_k before the softmax")
     if close(got, torch.softmax(K @ q / q.shape[-1], dim=-1)):
-        return "you divided by d_k; divide by its square root √d_k"
+        return _("you divided by d_k; divide by its square root √d_k")
     if close(got, K @ q / math.sqrt(q.shape[-1])):
-        return "those are the scaled scores; apply the softmax to turn them into weights"
+        return _("those are the scaled scores; apply the softmax to turn them into weights")
     return None
 
 
@@ -81,7 +82,7 @@ def query_weights(q: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
 
 def _head_cases(gen: torch.Generator) -> list[Case]:
     sizes = [(1, 1, 4, 2, 3), (2, 3, 6, 4, 4), (3, 5, 8, 16, 5)]  # B, T, D, d_k, d_v
-    return [Case(f"x (B={b}, T={t}, D={d}), W_Q and W_K ({d}×{dk}), W_V ({d}×{dv})",
+    return [Case(N_("x (B={b}, T={t}, D={d}), W_Q and W_K ({d}×{dk}), W_V ({d}×{dv})", b=b, t=t, d=d, dk=dk, dv=dv),
                  (torch.randn(b, t, d, generator=gen), torch.randn(d, dk, generator=gen),
                   torch.randn(d, dk, generator=gen), torch.randn(d, dv, generator=gen)))
             for b, t, d, dk, dv in sizes]
@@ -91,14 +92,14 @@ def _head_hint(case: Case, got, expected) -> str | None:
     x, W_Q, W_K, W_V = case.args
     q, k = x @ W_Q, x @ W_K
     if not isinstance(got, (tuple, list)) or len(got) != 2:
-        return "return a pair (out, weights)"
+        return _("return a pair (out, weights)")
     out, weights = got
     if close(weights, attention_weights(q, k, scale=False)):
-        return "the scores are not scaled: divide q kᵀ by √d_k before the softmax"
+        return _("the scores are not scaled: divide q kᵀ by √d_k before the softmax")
     if x.shape[1] > 1 and close(weights, attention_weights(q, k, softmax_dim=-2)):
-        return "softmax over the wrong axis: each query's row (dim=-1) must sum to one"
+        return _("softmax over the wrong axis: each query's row (dim=-1) must sum to one")
     if close(out, expected[1] @ x) or close(out, expected[1] @ k):
-        return "the weighted sum must run over the values v = x W_V, not over x or the keys"
+        return _("the weighted sum must run over the values v = x W_V, not over x or the keys")
     return None
 
 
@@ -126,17 +127,17 @@ def _causal_hint(case: Case, got, expected) -> str | None:
     tri = causal_mask(T)
     after = attention_weights(q, k, keep=tri, mask_after_softmax=True)
     if T > 1 and (close(got, after @ v) or close(got, (after / after.sum(-1, keepdim=True)) @ v)):
-        return ("the mask was applied after the softmax: set the blocked scores to -inf first, "
-                "then take the softmax")
+        return (_("the mask was applied after the softmax: set the blocked scores to -inf first, then take the "
+                  "softmax"))
     if T > 1 and close(got, attention_weights(q, k, keep=tri.T) @ v):
-        return "the mask is upside down: query t may see keys 0..t (torch.tril), not t..T-1"
+        return _("the mask is upside down: query t may see keys 0..t (torch.tril), not t..T-1")
     if any(close(got, attention_weights(q, k, scale=False, keep=tri, mask_after_softmax=after_softmax) @ v)
            for after_softmax in (False, True)):
-        return "the scores are not scaled: divide q kᵀ by √d_k"
+        return _("the scores are not scaled: divide q kᵀ by √d_k")
     if T > 1 and close(got, attention_weights(q, k) @ v):
-        return "no mask was applied: block the future keys (s > t) before the softmax"
+        return _("no mask was applied: block the future keys (s > t) before the softmax")
     if T > 1 and close(got, attention_weights(q, k, keep=tri, softmax_dim=-2) @ v):
-        return "softmax over the wrong axis: normalise over the keys (dim=-1)"
+        return _("softmax over the wrong axis: normalise over the keys (dim=-1)")
     return None
 
 
@@ -154,20 +155,20 @@ def _lengths_cases(gen: torch.Generator) -> list[Case]:
     for b, max_len in [(1, 1), (3, 5), (6, 9)]:
         lengths = torch.randint(0, max_len + 1, (b,), generator=gen)
         lengths[0] = max_len  # the longest sequence has no padding
-        cases.append(Case(f"{b} lengths, max_len={max_len}", (lengths, max_len)))
+        cases.append(Case(N_("{b} lengths, max_len={max_len}", b=b, max_len=max_len), (lengths, max_len)))
     return cases
 
 
 def _padding_hint(case: Case, got, expected) -> str | None:
     if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
-        return "the mask has one row per sequence and max_len columns: shape (B, max_len)"
+        return _("the mask has one row per sequence and max_len columns: shape (B, max_len)")
     if got.dtype != torch.bool:
-        return "return a bool tensor (compare positions with lengths), not 0/1 numbers"
+        return _("return a bool tensor (compare positions with lengths), not 0/1 numbers")
     if torch.equal(got, ~expected):
-        return "True must mark the real tokens (may attend), False the padding"
+        return _("True must mark the real tokens (may attend), False the padding")
     lengths, max_len = case.args
     if torch.equal(got, torch.arange(max_len) <= lengths[:, None]):
-        return "off by one: positions 0..length-1 are real, so use <, not <="
+        return _("off by one: positions 0..length-1 are real, so use <, not <=")
     return None
 
 
@@ -179,26 +180,26 @@ def lengths_to_mask(lengths: torch.Tensor, max_len: int) -> torch.Tensor:
 
 # --- self-check questions ------------------------------------------------------------------------
 
-@question(explain="each of the 5 queries gets one score per key, and here there are 7 keys: (B, H, T, S) = "
-                  "(2, 3, 5, 7); d_k is summed away.",
+@question(explain=N_("each of the 5 queries gets one score per key, and here there are 7 keys: (B, H, T, S) = (2, 3, "
+                     "5, 7); d_k is summed away."),
           hints=[known_wrong({
-              (2, 3, 5, 5): "the keys have their own length S = 7: one score per (query, key) pair, (B, H, T, S)",
-              (2, 3, 7, 5): "the queries index the rows: (B, H, T, S), T = 5 before S = 7",
-              (2, 3, 5, 8): "the product sums over d_k: each (query, key) pair gives one number, so d_k disappears",
-              (2, 5, 7): "each head has its own score matrix: the H = 3 axis stays",
+              (2, 3, 5, 5): N_("the keys have their own length S = 7: one score per (query, key) pair, (B, H, T, S)"),
+              (2, 3, 7, 5): N_("the queries index the rows: (B, H, T, S), T = 5 before S = 7"),
+              (2, 3, 5, 8): N_("the product sums over d_k: each (query, key) pair gives one number, so d_k disappears"),
+              (2, 5, 7): N_("each head has its own score matrix: the H = 3 axis stays"),
           })])
 def cross_scores_shape() -> tuple:
     """The shape of q @ k.transpose(-2, -1) for q (B=2, H=3, T=5, d_k=8) and k (B=2, H=3, S=7, d_k=8)."""
     return tuple((torch.zeros(2, 3, 5, 8) @ torch.zeros(2, 3, 7, 8).transpose(-2, -1)).shape)
 
 
-@question(explain="q·k has variance d_k = 64; dividing by d_k divides the variance by d_k² = 4,096: 64 / 4,096 "
-                  "= 1/64 ≈ 0.0156, so the scores are nearly equal and the softmax nearly uniform.",
+@question(explain=N_("q·k has variance d_k = 64; dividing by d_k divides the variance by d_k² = 4,096: 64 / 4,096 = "
+                     "1/64 ≈ 0.0156, so the scores are nearly equal and the softmax nearly uniform."),
           atol=1e-3,
           hints=[known_wrong({
-              1: "1 is the variance after dividing by √d_k; dividing by d_k shrinks it further",
-              0.125: "0.125 = 1/8 is the standard deviation of q·k / 64; the variance is its square",
-              64: "64 is the variance before any scaling",
+              1: N_("1 is the variance after dividing by √d_k; dividing by d_k shrinks it further"),
+              0.125: N_("0.125 = 1/8 is the standard deviation of q·k / 64; the variance is its square"),
+              64: N_("64 is the variance before any scaling"),
           })])
 def over_scaled_variance() -> float:
     """The variance of q·k / d_k (divided by d_k, not √d_k) for d_k = 64 independent N(0, 1) entries."""
@@ -214,12 +215,12 @@ WEIGHT_PATTERN_MASKS = {
 WEIGHT_PATTERN = torch.tensor([[1, 0, 0], [1 / 2, 1 / 2, 0], [0, 1 / 2, 1 / 2]])
 
 
-@question(explain="with equal scores every allowed key gets the same share, so the weights show the mask: "
-                  "query 2 splits its weight between keys 1 and 2 only, a causal window of two keys.",
+@question(explain=N_("with equal scores every allowed key gets the same share, so the weights show the mask: query 2 "
+                     "splits its weight between keys 1 and 2 only, a causal window of two keys."),
           hints=[known_wrong({
-              "a": "(a) is the full causal mask: query 2 would split its weight over 3 keys, 1/3 each",
-              "b": "(b) lets each query see only itself: every weight would be 1 on the diagonal",
-              "d": "(d) lets query 0 see key 1 too: its row would be 1/2, 1/2, 0",
+              "a": N_("(a) is the full causal mask: query 2 would split its weight over 3 keys, 1/3 each"),
+              "b": N_("(b) lets each query see only itself: every weight would be 1 on the diagonal"),
+              "d": N_("(d) lets query 0 see key 1 too: its row would be 1/2, 1/2, 0"),
           })])
 def mask_for_pattern() -> str:
     """Multiple choice: which 3 × 3 mask, with all scores equal, gives the weights WEIGHT_PATTERN."""
@@ -228,12 +229,12 @@ def mask_for_pattern() -> str:
                 if torch.allclose(softmax(scores.masked_fill(~m, float("-inf")), dim=-1), WEIGHT_PATTERN))
 
 
-@question(explain="equal scores give equal weights, and the 16 weights sum to one: 1/16 = 0.0625.", atol=1e-4,
+@question(explain=N_("equal scores give equal weights, and the 16 weights sum to one: 1/16 = 0.0625."), atol=1e-4,
           hints=[known_wrong({
-              1: "the weights of one query sum to one over the keys; equal scores share it",
-              0: "equal scores do not cancel out: the softmax shares the weight equally",
-              0.5: "there are 16 keys, not 2",
-              0.25: "1/4 = 1/√16; the weights are 1/16 each: they sum to one",
+              1: N_("the weights of one query sum to one over the keys; equal scores share it"),
+              0: N_("equal scores do not cancel out: the softmax shares the weight equally"),
+              0.5: N_("there are 16 keys, not 2"),
+              0.25: N_("1/4 = 1/√16; the weights are 1/16 each: they sum to one"),
           })])
 def uniform_weight() -> float:
     """The weight of each key when all 16 scores of one query are equal."""
@@ -258,17 +259,18 @@ def _entropy_slips(case, got, expected) -> str | None:
         return None
     h = _entropies()
     if got < 0:
-        return "subtract the unscaled entropy from the scaled one: the scaling spreads the weights, so it is positive"
+        return _("subtract the unscaled entropy from the scaled one: the scaling spreads the weights, so it is "
+                 "positive")
     if abs(got - (math.log(16) - h["raw"])) < 0.05:
-        return "ln 16 is the entropy of uniform weights; measure the scaled weights, they are not uniform"
+        return _("ln 16 is the entropy of uniform weights; measure the scaled weights, they are not uniform")
     if abs(got - (h["over"] - h["raw"])) < 0.05:
-        return "that divides by d_k; the scaled variant divides by √d_k"
+        return _("that divides by d_k; the scaled variant divides by √d_k")
     return None
 
 
-@question(explain="unscaled scores have standard deviation √128 ≈ 11: the softmax puts almost everything on one "
-                  "key (entropy about 0.28 nats); scaled, the scores have variance 1 and the weights keep about "
-                  "2.36 of ln 16 ≈ 2.77 nats. The scaling gives back about 2.08 nats.",
+@question(explain=N_("unscaled scores have standard deviation √128 ≈ 11: the softmax puts almost everything on one "
+                     "key (entropy about 0.28 nats); scaled, the scores have variance 1 and the weights keep about "
+                     "2.36 of ln 16 ≈ 2.77 nats. The scaling gives back about 2.08 nats."),
           atol=0.05, hints=[_entropy_slips])
 def entropy_recovered() -> float:
     """Experiment: at d_k = 128, the mean entropy (nats) of one query's softmax over 16 keys with the scores

@@ -11,6 +11,7 @@ from einops import rearrange
 
 from course_tools.exercises.checks import Case, exercise, question
 from course_tools.exercises.references._shared import close, known_wrong
+from course_tools.messages import N_, _
 from course_utils.attention import (
     causal_mask,
     merge_heads,
@@ -30,13 +31,13 @@ def _split_cases(gen: torch.Generator) -> list[Case]:
 
 def _split_hint(case: Case, got, expected) -> str | None:
     x, h = case.args
-    b, t, _ = x.shape
+    b, t = x.shape[:2]
     if close(got, x.reshape(b, h, t, -1)) and not torch.equal(got, expected):
-        return "a bare reshape mixes positions and heads: reshape to (B, T, H, d), then swap T and H"
+        return _("a bare reshape mixes positions and heads: reshape to (B, T, H, d), then swap T and H")
     if close(got, rearrange(x, "b t (d h) -> b h t d", h=h)):
-        return "head i owns a contiguous block of columns: split the last axis as (h d), not (d h)"
+        return _("head i owns a contiguous block of columns: split the last axis as (h d), not (d h)")
     if isinstance(got, torch.Tensor) and got.shape == (b, t, h, x.shape[-1] // h):
-        return "the head axis goes before the time axis: (B, H, T, d)"
+        return _("the head axis goes before the time axis: (B, H, T, d)")
     return None
 
 
@@ -55,9 +56,9 @@ def _merge_hint(case: Case, got, expected) -> str | None:
     x = case.args[0]
     b, h, t, d = x.shape
     if close(got, x.reshape(b, t, h * d)) and not torch.equal(got, expected):
-        return "a bare reshape mixes positions and heads: move H next to d first (B, T, H, d), then merge"
+        return _("a bare reshape mixes positions and heads: move H next to d first (B, T, H, d), then merge")
     if close(got, rearrange(x, "b h t d -> b t (d h)")):
-        return "concatenate the heads side by side: merge as (h d), not (d h)"
+        return _("concatenate the heads side by side: merge as (h d), not (d h)")
     return None
 
 
@@ -94,13 +95,13 @@ def _mha(x, W_Q, W_K, W_V, W_O, h, *, scale=True, split=True, with_W_O=True):
 def _mha_hint(case: Case, got, expected) -> str | None:
     x, W_Q, W_K, W_V, W_O, h = case.args
     if close(got, _mha(*case.args, with_W_O=False)):
-        return "the heads are concatenated but W_O is missing: multiply concat(H_1..H_m) by W_O"
+        return _("the heads are concatenated but W_O is missing: multiply concat(H_1..H_m) by W_O")
     if x.shape[1] > 1 and h > 1 and close(got, _mha(*case.args, split=False)):
-        return "that is one head of width D: split q, k, v into n_heads heads of width D / n_heads"
+        return _("that is one head of width D: split q, k, v into n_heads heads of width D / n_heads")
     if x.shape[1] > 1 and close(got, _mha(*case.args, scale=False)):
-        return "the scores are not scaled: divide by √d_k with d_k = D / n_heads (the width of one head)"
+        return _("the scores are not scaled: divide by √d_k with d_k = D / n_heads (the width of one head)")
     if x.shape[1] > 1 and h > 1 and close(got, _scaled_by_full_width(*case.args)):
-        return "scale by the width of one head, √(D / n_heads), not √D"
+        return _("scale by the width of one head, √(D / n_heads), not √D")
     return None
 
 
@@ -131,11 +132,11 @@ def _count_hint(case: Case, got, expected) -> str | None:
     d, h, dk, dv, bias = case.args
     no_bias = 2 * d * h * dk + 2 * d * h * dv
     if got == no_bias and bias:
-        return "the weights are right; add the biases of the four layers (2·H·d_k + H·d_v + D)"
+        return _("the weights are right; add the biases of the four layers (2·H·d_k + H·d_v + D)")
     if got == d * (2 * h * dk + h * dv) + (2 * h * dk + h * dv if bias else 0):
-        return "W_O is missing: it has H·d_v × D weights (and D biases)"
+        return _("W_O is missing: it has H·d_v × D weights (and D biases)")
     if got == 4 * d * d + (4 * d if bias else 0) and expected != got:
-        return "4d² + 4d holds only when d_k = d_v = D / H; count each matrix from its own shape"
+        return _("4d² + 4d holds only when d_k = d_v = D / H; count each matrix from its own shape")
     return None
 
 
@@ -153,20 +154,20 @@ MASK_SIZES = [(1, 1), (1, 6), (3, 7), (5, 5), (4, 2)]
 
 
 def _mask_cases(gen: torch.Generator) -> list[Case]:
-    return [Case(f"T={t} new queries, S={s} keys", (t, s)) for t, s in MASK_SIZES]
+    return [Case(N_("T={t} new queries, S={s} keys", t=t, s=s), (t, s)) for t, s in MASK_SIZES]
 
 
 def _mask_hint(case: Case, got, expected) -> str | None:
     T, S = case.args
     if not isinstance(got, torch.Tensor) or got.shape != (T, S):
-        return "one row per query and one column per key: shape (T, S)"
+        return _("one row per query and one column per key: shape (T, S)")
     if got.dtype != torch.bool:
-        return "return a bool tensor, True where the query may attend"
+        return _("return a bool tensor, True where the query may attend")
     if torch.equal(got, torch.ones(T, S, dtype=torch.bool).tril()):
-        return ("aligned top-left: the new queries are the last T of S positions, so query t sees keys "
-                "up to t + S - T (tril with diagonal=S-T)")
+        return (_("aligned top-left: the new queries are the last T of S positions, so query t sees keys up to t + S "
+                  "- T (tril with diagonal=S-T)"))
     if torch.equal(got, ~expected):
-        return "True must mean may attend; you marked the blocked keys"
+        return _("True must mean may attend; you marked the blocked keys")
     return None
 
 
@@ -178,48 +179,49 @@ def kv_causal_mask(T: int, S: int) -> torch.Tensor:
 
 # --- self-check questions ------------------------------------------------------------------------
 
-@question(explain="W_Q maps 512 to 256 columns, cut into 8 heads of 256 / 8 = 32: (B, H, T, d_k) = (2, 8, 10, 32).",
+@question(explain=N_("W_Q maps 512 to 256 columns, cut into 8 heads of 256 / 8 = 32: (B, H, T, d_k) = (2, 8, 10, 32)."),
           hints=[known_wrong({
-              (2, 8, 10, 64): "64 = 512 / 8 splits the input width; the heads share the 256 columns W_Q produces",
-              (2, 10, 8, 32): "the head axis comes before the positions: each head holds a (T, d_k) matrix",
-              (2, 8, 10, 256): "the 8 heads share the 256 columns of x W_Q: each is 256 / 8 = 32 wide",
-              (8, 2, 10, 32): "the batch axis stays first: (B, H, T, d_k)",
+              (2, 8, 10, 64): N_("64 = 512 / 8 splits the input width; the heads share the 256 columns W_Q produces"),
+              (2, 10, 8, 32): N_("the head axis comes before the positions: each head holds a (T, d_k) matrix"),
+              (2, 8, 10, 256): N_("the 8 heads share the 256 columns of x W_Q: each is 256 / 8 = 32 wide"),
+              (8, 2, 10, 32): N_("the batch axis stays first: (B, H, T, d_k)"),
           })])
 def narrow_split_shape() -> tuple:
     """The shape of split_heads(x @ W_Q, 8) for x of shape (B=2, T=10, D=512) and W_Q of shape (512, 256)."""
     return (2, 8, 10, 256 // 8)
 
 
-@question(explain="four 256 × 256 matrices and no biases: 4·256² = 262,144, the same for any number of heads.",
+@question(explain=N_("four 256 × 256 matrices and no biases: 4·256² = 262,144, the same for any number of heads."),
           hints=[known_wrong({
-              4 * 256**2 + 4 * 256: "bias=False: the four projections have no bias vectors",
-              4 * (4 * 256**2): "the 4 heads share the four matrices: each gets 256 / 4 columns, not its own",
-              3 * 256**2: "W_O is missing: it maps the concatenated heads (256) back to 256",
-              256**2: "there are four projections, W_Q, W_K, W_V and W_O",
+              4 * 256**2 + 4 * 256: N_("bias=False: the four projections have no bias vectors"),
+              4 * (4 * 256**2): N_("the 4 heads share the four matrices: each gets 256 / 4 columns, not its own"),
+              3 * 256**2: N_("W_O is missing: it maps the concatenated heads (256) back to 256"),
+              256**2: N_("there are four projections, W_Q, W_K, W_V and W_O"),
           })])
 def mha_parameters_no_bias() -> int:
     """The parameters of MultiHeadAttention(d_model=256, n_heads=4, bias=False)."""
     return 4 * 256**2
 
 
-@question(explain="the n × n weights grow with n²: 4,096 tokens are 4 times 1,024, so the matrix is "
-                  "4² = 16 times larger.",
+@question(explain=N_("the n × n weights grow with n²: 4,096 tokens are 4 times 1,024, so the matrix is 4² = 16 times "
+                     "larger."),
           atol=0.01,
           hints=[known_wrong({
-              4: "4 times the tokens, but every token is paired with every token: the matrix grows 4 × 4",
-              64: "the matrix has n² entries, not n³",
-              2: "the length grows 4 times (1,024 → 4,096), not 2 times",
+              4: N_("4 times the tokens, but every token is paired with every token: the matrix grows 4 × 4"),
+              64: N_("the matrix has n² entries, not n³"),
+              2: N_("the length grows 4 times (1,024 → 4,096), not 2 times"),
           })])
 def weights_memory_factor() -> float:
     """The factor by which the n × n attention weights grow from n = 1,024 to n = 4,096."""
     return (4096 / 1024) ** 2
 
 
-@question(explain="every position reads every other directly in one layer: the path does not depend on n.",
+@question(explain=N_("every position reads every other directly in one layer: the path does not depend on n."),
           hints=[known_wrong({
-              "a": "n − 1 steps is the recurrent network, which passes the signal through every position in between",
-              "b": "log₂ n is a stack of dilated convolutions or a tree; attention needs no stack at all",
-              "d": "n² is what attention costs in time and naive memory, not the length of a path",
+              "a": N_("n − 1 steps is the recurrent network, which passes the signal through every position in "
+                      "between"),
+              "b": N_("log₂ n is a stack of dilated convolutions or a tree; attention needs no stack at all"),
+              "d": N_("n² is what attention costs in time and naive memory, not the length of a path"),
           })])
 def path_choice() -> str:
     """Multiple choice: how the path from position 0 to the output at n - 1 grows in one attention layer."""
@@ -241,11 +243,11 @@ HEAD_OPTIONS = {"a": 8, "b": 2, "c": 16}
 OBSERVED_RANK = 8
 
 
-@question(explain="head 0's scores q_0 k_0ᵀ are a product of two 32 × d_k matrices, so their rank is "
-                  "min(32, d_k) with d_k = 64 / n_heads: 2 heads give 32, 8 heads 8, 16 heads 4.",
+@question(explain=N_("head 0's scores q_0 k_0ᵀ are a product of two 32 × d_k matrices, so their rank is min(32, d_k) "
+                     "with d_k = 64 / n_heads: 2 heads give 32, 8 heads 8, 16 heads 4."),
           hints=[known_wrong({
-              "b": "2 heads are 32 wide: the rank is 32 (the 32 tokens are the limit), not 8",
-              "c": "16 heads are 64 / 16 = 4 wide: their score matrix has rank 4",
+              "b": N_("2 heads are 32 wide: the rank is 32 (the 32 tokens are the limit), not 8"),
+              "c": N_("16 heads are 64 / 16 = 4 wide: their score matrix has rank 4"),
           })])
 def heads_from_rank() -> str:
     """Experiment: which of 8, 2 or 16 heads (d_model = 64, 32 random tokens) gives head 0 a score matrix

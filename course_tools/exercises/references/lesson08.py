@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from course_tools.exercises.checks import Case, exercise, question
 from course_tools.exercises.references._shared import close, known_wrong
+from course_tools.messages import N_, _
 from course_utils import bpe, gpt, train
 from course_utils.cpu_threads import torch_threads
 
@@ -28,18 +29,18 @@ def _window_cases(gen: torch.Generator) -> list[Case]:
     for n, b, t in [(10, 1, 3), (50, 4, 8), (500, 8, 32)]:
         data = torch.randint(65, (n,), generator=gen)
         starts = torch.randint(n - t, (b,), generator=gen)
-        cases.append(Case(f"data (N={n},), starts (B={b},), block_size T={t}", (data, starts, t)))
+        cases.append(Case(N_("data (N={n},), starts (B={b},), block_size T={t}", n=n, b=b, t=t), (data, starts, t)))
     return cases
 
 
 def _window_hint(case: Case, got, expected) -> str | None:
     if not isinstance(got, (tuple, list)) or len(got) != 2:
-        return "return two tensors, (x, y)"
+        return _("return two tensors, (x, y)")
     x, y = got
     if close(x.float(), expected[0].float()) and isinstance(y, torch.Tensor) and torch.equal(y, x):
-        return "y equals x: the target of position t is the next token, data[start + t + 1]"
+        return _("y equals x: the target of position t is the next token, data[start + t + 1]")
     if isinstance(x, torch.Tensor) and x.shape[-1] == expected[0].shape[-1] + 1:
-        return "the windows hold T + 1 tokens; x is the first T of them and y the last T"
+        return _("the windows hold T + 1 tokens; x is the first T of them and y the last T")
     return None
 
 
@@ -54,9 +55,9 @@ def shifted_windows(data: torch.Tensor, starts: torch.Tensor, block_size: int) -
 
 def _ppl_cases(gen: torch.Generator) -> list[Case]:
     uniform = (torch.zeros(10, 65), torch.randint(65, (10,), generator=gen))
-    cases = [Case("uniform logits (N=10, V=65): perplexity = V", uniform)]
+    cases = [Case(N_("uniform logits (N=10, V=65): perplexity = V"), uniform)]
     for n, v in [(1, 2), (8, 10), (50, 84)]:
-        cases.append(Case(f"logits (N={n}, V={v}), targets (N={n},)",
+        cases.append(Case(N_("logits (N={n}, V={v}), targets (N={n},)", n=n, v=v),
                           (torch.randn(n, v, generator=gen) * 2, torch.randint(v, (n,), generator=gen))))
     return cases
 
@@ -65,11 +66,11 @@ def _ppl_hint(case: Case, got, expected) -> str | None:
     logits, targets = case.args
     ce = F.cross_entropy(logits, targets)
     if close(got, ce):
-        return "that is the cross-entropy; perplexity is its exponential, exp(loss)"
+        return _("that is the cross-entropy; perplexity is its exponential, exp(loss)")
     if close(got, 2 ** ce):
-        return "2**loss is for a loss in bits; PyTorch's cross-entropy is in nats, so use exp(loss)"
+        return _("2**loss is for a loss in bits; PyTorch's cross-entropy is in nats, so use exp(loss)")
     if close(got, F.cross_entropy(logits, targets, reduction="none").exp().mean()):
-        return "exponentiate the mean loss, not the mean of per-token exponentials"
+        return _("exponentiate the mean loss, not the mean of per-token exponentials")
     return None
 
 
@@ -81,10 +82,10 @@ def perplexity(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 # --- warmup + cosine -------------------------------------------------------------------------------
 
-_WHERE = {"during warmup": lambda w, m: w // 2, "the last warmup step": lambda w, m: w - 1,
-          "the first step after warmup": lambda w, m: w, "half way down the cosine": lambda w, m: (w + m) // 2,
-          "late in the cosine": lambda w, m: m - 3, "at max_steps": lambda w, m: m,
-          "past max_steps": lambda w, m: m + 5}
+_WHERE = {N_("during warmup"): lambda w, m: w // 2, N_("the last warmup step"): lambda w, m: w - 1,
+          N_("the first step after warmup"): lambda w, m: w, N_("half way down the cosine"): lambda w, m: (w + m) // 2,
+          N_("late in the cosine"): lambda w, m: m - 3, N_("at max_steps"): lambda w, m: m,
+          N_("past max_steps"): lambda w, m: m + 5}
 
 
 def _lr_cases(gen: torch.Generator) -> list[Case]:
@@ -93,18 +94,18 @@ def _lr_cases(gen: torch.Generator) -> list[Case]:
         warmup = int(torch.randint(4, 20, (), generator=gen))
         max_steps = warmup + int(torch.randint(20, 200, (), generator=gen))
         lr = float(torch.empty(()).uniform_(1e-4, 3e-3, generator=gen))
-        cases.append(Case(f"step {label}", (where(warmup, max_steps), max_steps, lr, lr / 10, warmup)))
+        cases.append(Case(N_("step {label}", label=label), (where(warmup, max_steps), max_steps, lr, lr / 10, warmup)))
     return cases
 
 
 def _lr_hint(case: Case, got, expected) -> str | None:
     step, max_steps, lr, min_lr, warmup = case.args
     if step < warmup and close(got, lr * step / warmup):
-        return "warmup is off by one: step 0 should already get lr/warmup, so use (step + 1) / warmup"
+        return _("warmup is off by one: step 0 should already get lr/warmup, so use (step + 1) / warmup")
     if step >= max_steps and close(got, lr):
-        return "after max_steps the rate stays at min_lr"
+        return _("after max_steps the rate stays at min_lr")
     if step >= warmup and close(got, 0.5 * (1 + math.cos(math.pi * (step - warmup) / (max_steps - warmup))) * lr):
-        return "the cosine should end at min_lr, not 0: min_lr + 0.5·(1 + cos(π·progress))·(lr − min_lr)"
+        return _("the cosine should end at min_lr, not 0: min_lr + 0.5·(1 + cos(π·progress))·(lr − min_lr)")
     return None
 
 
@@ -118,25 +119,25 @@ def lr_schedule(step: int, max_steps: int, lr: float, min_lr: float, warmup: int
 
 
 def _merge_cases(gen: torch.Generator) -> list[Case]:
-    cases = [Case("ids with a run of three equal tokens: merges must not overlap", ([7, 7, 7, 1], (7, 7), 256)),
-             Case("the pair at the very end", ([3, 1, 2], (1, 2), 300)),
-             Case("no occurrence", ([1, 3, 1, 3], (3, 3), 256))]
+    cases = [Case(N_("ids with a run of three equal tokens: merges must not overlap"), ([7, 7, 7, 1], (7, 7), 256)),
+             Case(N_("the pair at the very end"), ([3, 1, 2], (1, 2), 300)),
+             Case(N_("no occurrence"), ([1, 3, 1, 3], (3, 3), 256))]
     for n, k in ((10, 2), (40, 5)):
         # random tokens 0..2 around k copies of the pair (3, 4), plus a reversed (4, 3) that must stay
         ids = torch.randint(0, 3, (n,), generator=gen).tolist()
         for slot in range(k):
             ids[slot * 3:slot * 3] = [3, 4]
         ids += [4, 3]
-        cases.append(Case(f"{n} random ids with {k} copies of the pair", (ids, (3, 4), 256)))
+        cases.append(Case(N_("{n} random ids with {k} copies of the pair", n=n, k=k), (ids, (3, 4), 256)))
     return cases
 
 
 def _merge_hint(case: Case, got, expected) -> str | None:
     ids, pair, new_id = case.args
     if isinstance(got, (list, tuple)) and len(got) < len(expected):
-        return "merged overlapping pairs: after a match, skip both tokens (i += 2) before looking again"
+        return _("merged overlapping pairs: after a match, skip both tokens (i += 2) before looking again")
     if isinstance(got, (list, tuple)) and list(got) == list(ids) and list(ids) != expected:
-        return "nothing was merged: compare ids[i], ids[i + 1] with the pair and append new_id on a match"
+        return _("nothing was merged: compare ids[i], ids[i + 1] with the pair and append new_id on a match")
     return None
 
 
@@ -153,10 +154,11 @@ def _clip_cases(gen: torch.Generator) -> list[Case]:
     def grads(*shapes, scale=1.0):
         return [torch.randn(*s, generator=gen) * scale for s in shapes]
 
-    return [Case("one gradient of shape (3, 4), norm far above max_norm=1", (grads((3, 4), scale=5.0), 1.0)),
-            Case("gradients (5,), (2, 3), (4, 4), global norm above max_norm=1", (grads((5,), (2, 3), (4, 4)), 1.0)),
-            Case("gradients (2, 2), (3,), norm below max_norm=100: unchanged", (grads((2, 2), (3,)), 100.0)),
-            Case("gradients (8, 8), (8,), max_norm=0.5", (grads((8, 8), (8,), scale=0.3), 0.5))]
+    return [Case(N_("one gradient of shape (3, 4), norm far above max_norm=1"), (grads((3, 4), scale=5.0), 1.0)),
+            Case(N_("gradients (5,), (2, 3), (4, 4), global norm above max_norm=1"),
+                 (grads((5,), (2, 3), (4, 4)), 1.0)),
+            Case(N_("gradients (2, 2), (3,), norm below max_norm=100: unchanged"), (grads((2, 2), (3,)), 100.0)),
+            Case(N_("gradients (8, 8), (8,), max_norm=0.5"), (grads((8, 8), (8,), scale=0.3), 0.5))]
 
 
 def _clip_hint(case: Case, got, expected) -> str | None:
@@ -165,10 +167,10 @@ def _clip_hint(case: Case, got, expected) -> str | None:
         return None
     per_tensor = [g * min(1.0, max_norm / (g.norm() + 1e-6)) for g in gs]
     if all(close(a, b) for a, b in zip(got, per_tensor, strict=True)) and len(gs) > 1:
-        return "each tensor was clipped on its own; use one global norm over all gradients together"
+        return _("each tensor was clipped on its own; use one global norm over all gradients together")
     total = torch.sqrt(sum((g ** 2).sum() for g in gs))
     if all(close(a, g * max_norm / total) for a, g in zip(got, gs, strict=True)) and total < max_norm:
-        return "gradients below max_norm must stay unchanged: scale by min(1, max_norm / norm)"
+        return _("gradients below max_norm must stay unchanged: scale by min(1, max_norm / norm)")
     return None
 
 
@@ -195,14 +197,14 @@ def _near(table: dict[float, str], atol: float) -> Callable:
     return hint
 
 
-@question(explain="the validation loss turns up while the training loss keeps falling: from about step 2,000 the "
-                  "model fits its own training text better at the expense of unseen text, it overfits; the "
-                  "checkpoint with the lowest validation loss is the one to keep.",
+@question(explain=N_("the validation loss turns up while the training loss keeps falling: from about step 2,000 the "
+                     "model fits its own training text better at the expense of unseen text, it overfits; the "
+                     "checkpoint with the lowest validation loss is the one to keep."),
           hints=[known_wrong({
-              "b": "a learning rate too high makes the training loss jump or diverge; here it falls steadily",
-              "c": "a model too small could not push the training loss down to 1.1 while validation rises",
-              "d": "a validation text of other works raises the whole validation curve; it does not make it turn "
-                   "up in the middle of the run",
+              "b": N_("a learning rate too high makes the training loss jump or diverge; here it falls steadily"),
+              "c": N_("a model too small could not push the training loss down to 1.1 while validation rises"),
+              "d": N_("a validation text of other works raises the whole validation curve; it does not make it turn "
+                      "up in the middle of the run"),
           })])
 def loss_curve_choice() -> str:
     """Multiple choice: what a training loss falling steadily to 1.1 while the validation loss falls to 1.6
@@ -210,49 +212,49 @@ def loss_curve_choice() -> str:
     return "a"
 
 
-@question(explain="windows overlap, so with a random split most validation windows would share their text with "
-                  "training windows: the validation loss would measure recall, not prediction of unseen text.",
+@question(explain=N_("windows overlap, so with a random split most validation windows would share their text with "
+                     "training windows: the validation loss would measure recall, not prediction of unseen text."),
           hints=[known_wrong({
-              "a": "speed is the same either way: sampling a window costs one slice",
-              "c": "the last 10 % is harder (other works), but that is a side effect the lesson measures, "
-                   "not the reason for the split",
-              "d": "that is what the lesson's held-out chunks are for; a split by position exists so that "
-                   "no validation text was trained on",
+              "a": N_("speed is the same either way: sampling a window costs one slice"),
+              "c": N_("the last 10 % is harder (other works), but that is a side effect the lesson measures, not the "
+                      "reason for the split"),
+              "d": N_("that is what the lesson's held-out chunks are for; a split by position exists so that no "
+                      "validation text was trained on"),
           })])
 def split_choice() -> str:
     """Multiple choice: why the split is by position, not by shuffling windows."""
     return "b"
 
 
-@question(explain="12 windows × 64 tokens per micro-batch, 4 micro-batches per step, on each of 2 processes: "
-                  "12 · 64 · 4 · 2 = 6,144 tokens per optimiser step.",
+@question(explain=N_("12 windows × 64 tokens per micro-batch, 4 micro-batches per step, on each of 2 processes: 12 · "
+                     "64 · 4 · 2 = 6,144 tokens per optimiser step."),
           atol=0.5,
           hints=[known_wrong({
-              768: "768 is one micro-batch on one process; the step also sums the 4 micro-batches on both GPUs",
-              3072: "that is one GPU's share; DDP averages the gradients of both processes, so the step sees both",
-              1536: "gradient accumulation adds the 4 micro-batches of each process to one step",
-              24576: "the context length counts once: each window gives 64 predictions",
+              768: N_("768 is one micro-batch on one process; the step also sums the 4 micro-batches on both GPUs"),
+              3072: N_("that is one GPU's share; DDP averages the gradients of both processes, so the step sees both"),
+              1536: N_("gradient accumulation adds the 4 micro-batches of each process to one step"),
+              24576: N_("the context length counts once: each window gives 64 predictions"),
           })])
 def tokens_per_step() -> int:
     """Predicted tokens per optimiser step: batch 12, context 64, grad_accum 4, 2 DDP processes."""
     return 12 * 64 * 4 * 2
 
 
-@question(explain="the course's AdamW decays the matrices (embeddings and linear layers) and leaves biases and "
-                  "LayerNorm gains alone: shrinking a gain or a bias towards 0 has no regularising purpose.",
+@question(explain=N_("the course's AdamW decays the matrices (embeddings and linear layers) and leaves biases and "
+                     "LayerNorm gains alone: shrinking a gain or a bias towards 0 has no regularising purpose."),
           hints=[known_wrong({
-              "a": "decaying LayerNorm gains pulls them towards 0 and silently shrinks every normalised "
-                   "activation: the course decays the matrices only",
-              "b": "it is the other way round: the matrices are decayed, the 1-D parameters are not",
-              "d": "decoupled weight decay is a separate shrink step, not the learning rate",
+              "a": N_("decaying LayerNorm gains pulls them towards 0 and silently shrinks every normalised "
+                      "activation: the course decays the matrices only"),
+              "b": N_("it is the other way round: the matrices are decayed, the 1-D parameters are not"),
+              "d": N_("decoupled weight decay is a separate shrink step, not the learning rate"),
           })])
 def decayed_params() -> str:
     """Multiple choice: which parameters the course's AdamW applies weight decay to."""
     return "c"
 
 
-@question(explain="6 N FLOPs per token = 6 · 10⁸, times 2 · 10⁵ tokens/s = 1.2 · 10¹⁴ FLOP/s = 120 TFLOP/s; "
-                  "120 / 312 = 38.5 % of the bf16 peak.",
+@question(explain=N_("6 N FLOPs per token = 6 · 10⁸, times 2 · 10⁵ tokens/s = 1.2 · 10¹⁴ FLOP/s = 120 TFLOP/s; 120 / "
+                     "312 = 38.5 % of the bf16 peak."),
           atol=0.5,
           hints=[_near({12.8: "2N counts the forward pass only; training adds the backward pass (4N): 6N in all",
                         25.6: "4N is the backward pass alone; training costs forward + backward = 6N per token",
@@ -292,14 +294,14 @@ def loss_after_training(lr: float, data: torch.Tensor, seed: int = 0) -> float:
     return train.train(model, data[:-2000], data[-2000:], cfg, progress=False).val_loss
 
 
-@question(explain="60 Adam steps move each weight by at most about 60·lr: at 1e-4 the loss has barely left ln 32 "
-                  "and at 1e-3 it has only started down; at 0.1 the steps overshoot and the loss ends near ln 32 "
-                  "again; 0.01 gets within a few tenths of the chain's entropy.",
+@question(explain=N_("60 Adam steps move each weight by at most about 60·lr: at 1e-4 the loss has barely left ln 32 "
+                     "and at 1e-3 it has only started down; at 0.1 the steps overshoot and the loss ends near ln 32 "
+                     "again; 0.01 gets within a few tenths of the chain's entropy."),
           hints=[known_wrong({
-              1e-4: "1e-4 gives the highest loss: did you take the max, or did every run train at the same "
-                    "rate (check that your function passes lr and min_lr = lr/10 to the schedule)?",
-              1e-3: "1e-3 has not gone far in 60 steps: compare the losses after the 60 steps, not earlier",
-              1e-1: "at 0.1 the loss ends back near ln 32 ≈ 3.47: pick the lowest final validation loss",
+              1e-4: N_("1e-4 gives the highest loss: did you take the max, or did every run train at the same rate "
+                       "(check that your function passes lr and min_lr = lr/10 to the schedule)?"),
+              1e-3: N_("1e-3 has not gone far in 60 steps: compare the losses after the 60 steps, not earlier"),
+              1e-1: N_("at 0.1 the loss ends back near ln 32 ≈ 3.47: pick the lowest final validation loss"),
           })])
 def best_lr() -> float:
     """Experiment: the peak learning rate in LR_GRID with the lowest validation loss after 60 steps."""

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from course_tools.exercises.checks import Case, exercise, question
 from course_tools.exercises.references._shared import close as _close
 from course_tools.exercises.references._shared import known_wrong
+from course_tools.messages import N_, _
 from course_utils import encoder_decoder
 from course_utils.attention import causal_mask, merge_heads, scaled_dot_product_attention, split_heads
 from course_utils.sino_korean import DIGIT_VOCAB, HANGUL_VOCAB, make_pairs, read_number
@@ -56,7 +57,8 @@ def _cross_cases(gen: torch.Generator) -> list[Case]:
     cases = []
     for b, t, s, d, h in [(1, 1, 1, 4, 1), (2, 5, 4, 8, 2), (3, 6, 7, 12, 3)]:
         w = {name: _w(gen, d, d) for name in ("W_Q", "W_K", "W_V", "W_O")}
-        cases.append(Case(f"x (B={b}, T={t}, D={d}), memory (B={b}, S={s}, D={d}), n_heads={h}, padded sources",
+        cases.append(Case(N_("x (B={b}, T={t}, D={d}), memory (B={b}, S={s}, D={d}), n_heads={h}, padded sources",
+                             b=b, t=t, d=d, s=s, h=h),
                           (torch.randn(b, t, d, generator=gen), torch.randn(b, s, d, generator=gen),
                            _keep(gen, b, s), w, h)))
     return cases
@@ -65,12 +67,13 @@ def _cross_cases(gen: torch.Generator) -> list[Case]:
 def _cross_hint(case: Case, got, expected) -> str | None:
     x, memory, keep, w, h = case.args
     if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
-        return ("the output has the decoder's length T: queries come from x, keys and values from memory"
+        return (_("the output has the decoder's length T: queries come from x, keys and values from memory")
                 if isinstance(got, torch.Tensor) else None)
     if not bool(keep.all()) and _close(got, _attend(x, memory, w, h)):
-        return "padded source positions were attended to: mask the scores where src_keep is False, before the softmax"
+        return _("padded source positions were attended to: mask the scores where src_keep is False, before the "
+                 "softmax")
     if _close(got, _attend(x, memory, w, h, keep=keep, scale=False)):
-        return "scale the scores by 1/√d_k, with d_k = D / n_heads"
+        return _("scale the scores by 1/√d_k, with d_k = D / n_heads")
     return None
 
 
@@ -116,7 +119,8 @@ def _block_cases(gen: torch.Generator) -> list[Case]:
         for i in (1, 2, 3):
             w[f"ln{i}_gamma"] = 1 + 0.3 * torch.randn(d, generator=gen)
             w[f"ln{i}_beta"] = 0.3 * torch.randn(d, generator=gen)
-        cases.append(Case(f"x (B={b}, T={t}, D={d}), memory (B={b}, S={s}, D={d}), n_heads={h}",
+        cases.append(Case(N_("x (B={b}, T={t}, D={d}), memory (B={b}, S={s}, D={d}), n_heads={h}", b=b, t=t, d=d,
+                             s=s, h=h),
                           (torch.randn(b, t, d, generator=gen), torch.randn(b, s, d, generator=gen),
                            _keep(gen, b, s), w, h)))
     return cases
@@ -125,13 +129,13 @@ def _block_cases(gen: torch.Generator) -> list[Case]:
 def _block_hint(case: Case, got, expected) -> str | None:
     x, memory, keep, w, h = case.args
     if _close(got, _decoder_block(x, memory, keep, w, h, norm_first=True)):
-        return "that is pre-LN (x + F(LN(x))); the 2017 block is post-LN: x = LN(x + F(x)) after each sublayer"
+        return _("that is pre-LN (x + F(LN(x))); the 2017 block is post-LN: x = LN(x + F(x)) after each sublayer")
     if x.shape[1] > 1 and _close(got, _decoder_block(x, memory, keep, w, h, causal=False)):
-        return "the self-attention needs the causal mask: syllable t must not see the syllables after it"
+        return _("the self-attention needs the causal mask: syllable t must not see the syllables after it")
     if not bool(keep.all()) and _close(got, _decoder_block(x, memory, keep, w, h, cross_mask=False)):
-        return "the cross-attention must not look at padded source positions (mask with src_keep)"
-    return ("one way: for each sublayer in turn, h = F.layer_norm(x + sublayer(x), (D,), gamma_i, beta_i, 1e-5); "
-            "the cross-attention's keys and values come from memory, its queries from x")
+        return _("the cross-attention must not look at padded source positions (mask with src_keep)")
+    return (_("one way: for each sublayer in turn, h = F.layer_norm(x + sublayer(x), (D,), gamma_i, beta_i, 1e-5); "
+              "the cross-attention's keys and values come from memory, its queries from x"))
 
 
 @exercise(cases=_block_cases, hints=[_block_hint])
@@ -162,7 +166,8 @@ def _loss_cases(gen: torch.Generator) -> list[Case]:
     cases = []
     for b, t, v in [(1, 3, 6), (3, 6, 9), (4, 9, 20)]:
         tgt = _target(gen, b, t, v)
-        cases.append(Case(f"logits (B={b}, T={t - 1}, V={v}), tgt (B={b}, T={t}) with padding",
+        cases.append(Case(N_("logits (B={b}, T={t_1}, V={v}), tgt (B={b}, T={t}) with padding", b=b, t_1=t - 1, v=v,
+                             t=t),
                           (2 * torch.randn(b, t - 1, v, generator=gen), tgt)))
     return cases
 
@@ -170,15 +175,15 @@ def _loss_cases(gen: torch.Generator) -> list[Case]:
 def _loss_hint(case: Case, got, expected) -> str | None:
     logits, tgt = case.args
     if not isinstance(got, (torch.Tensor, float)) or (isinstance(got, torch.Tensor) and got.numel() != 1):
-        return "return a scalar tensor"
+        return _("return a scalar tensor")
     got, V = float(got), logits.shape[-1]
     flat = logits.reshape(-1, V)
     if math.isclose(got, float(F.cross_entropy(flat, tgt[:, 1:].reshape(-1))), rel_tol=1e-4):
-        return "<pad> positions were scored: ignore target id 0 (ignore_index=0)"
+        return _("<pad> positions were scored: ignore target id 0 (ignore_index=0)")
     if math.isclose(got, float(F.cross_entropy(flat, tgt[:, :-1].reshape(-1), ignore_index=PAD)), rel_tol=1e-4):
-        return "not shifted: the logits at position t predict tgt[:, t + 1], so compare with tgt[:, 1:]"
-    return ("one way: F.cross_entropy(logits.reshape(-1, V), tgt[:, 1:].reshape(-1), ignore_index=0) "
-            "averages over the positions that are not <pad>")
+        return _("not shifted: the logits at position t predict tgt[:, t + 1], so compare with tgt[:, 1:]")
+    return (_("one way: F.cross_entropy(logits.reshape(-1, V), tgt[:, 1:].reshape(-1), ignore_index=0) averages over "
+              "the positions that are not <pad>"))
 
 
 @exercise(cases=_loss_cases, hints=[_loss_hint])
@@ -195,14 +200,15 @@ def _greedy_cases(gen: torch.Generator) -> list[Case]:
     for b, v in [(1, 5), (4, 9), (6, 20)]:
         done = torch.rand(b, generator=gen) < 0.5
         done[0] = False
-        cases.append(Case(f"logits (B={b}, V={v}), done (B={b})", (torch.randn(b, v, generator=gen), done)))
+        cases.append(Case(N_("logits (B={b}, V={v}), done (B={b})", b=b, v=v),
+                          (torch.randn(b, v, generator=gen), done)))
     return cases
 
 
 def _greedy_hint(case: Case, got, expected) -> str | None:
     logits, done = case.args
     if isinstance(got, torch.Tensor) and bool(done.any()) and torch.equal(got, logits.argmax(-1)):
-        return "a sequence that already wrote </s> must get <pad> (id 0), not another syllable"
+        return _("a sequence that already wrote </s> must get <pad> (id 0), not another syllable")
     return None
 
 
@@ -221,7 +227,8 @@ def _beam_cases(gen: torch.Generator) -> list[Case]:
         log_probs = F.log_softmax(2 * torch.randn(b, k, v, generator=gen), -1)
         scores = -3 * torch.rand(b, k, generator=gen)
         done = (torch.rand(b, k, generator=gen) < 0.4) if any_done else torch.zeros(b, k, dtype=torch.bool)
-        label = f"log_probs (B={b}, K={k}, V={v}), scores (B={b}, K={k})" + (", some beams done" if any_done else "")
+        label = N_("log_probs (B={b}, K={k}, V={v}), scores (B={b}, K={k}), some beams done", b=b, k=k, v=v) \
+            if any_done else f"log_probs (B={b}, K={k}, V={v}), scores (B={b}, K={k})"
         cases.append(Case(label, (log_probs, scores, done, k)))
     return cases
 
@@ -229,17 +236,17 @@ def _beam_cases(gen: torch.Generator) -> list[Case]:
 def _beam_hint(case: Case, got, expected) -> str | None:
     log_probs, scores, done, k = case.args
     if not isinstance(got, (tuple, list)) or len(got) != 3:
-        return "return a tuple (scores, parent, token)"
+        return _("return a tuple (scores, parent, token)")
     B, K, V = log_probs.shape
     top = log_probs.reshape(B, K * V).topk(k, -1)
     if _close(got[0], top.values):
-        return "add each beam's score so far to its log-probabilities before choosing the best extensions"
+        return _("add each beam's score so far to its log-probabilities before choosing the best extensions")
     if isinstance(got[1], torch.Tensor) and torch.equal(got[1], expected[2]) and torch.equal(got[2], expected[1]):
-        return "parent and token are swapped: flat index i is parent i // V, token i % V"
+        return _("parent and token are swapped: flat index i is parent i // V, token i % V")
     if bool(done.any()):
-        return "a finished beam may only extend with <pad> (log-probability 0), every other token −∞"
-    return ("one way: total = scores[..., None] + log_probs, flattened to (B, K·V); topk(beam_size) gives "
-            "the scores and flat indices i, with parent = i // V and token = i % V")
+        return _("a finished beam may only extend with <pad> (log-probability 0), every other token −∞")
+    return (_("one way: total = scores[..., None] + log_probs, flattened to (B, K·V); topk(beam_size) gives the "
+              "scores and flat indices i, with parent = i // V and token = i % V"))
 
 
 @exercise(cases=_beam_cases, hints=[_beam_hint])
@@ -258,20 +265,20 @@ def _mask_cases(gen: torch.Generator) -> list[Case]:
     cases = []
     for b, s, t in [(1, 3, 1), (2, 5, 4), (4, 7, 6)]:
         src = torch.randint(3, 13, (b, s), generator=gen) * _keep(gen, b, s)
-        cases.append(Case(f"src ids (B={b}, S={s}) with <pad> = 0 at the end, T={t}", (src, t)))
+        cases.append(Case(N_("src ids (B={b}, S={s}) with <pad> = 0 at the end, T={t}", b=b, s=s, t=t), (src, t)))
     return cases
 
 
 def _mask_hint(case: Case, got, expected) -> str | None:
     if not isinstance(got, (tuple, list)) or len(got) != 2 or not all(isinstance(g, torch.Tensor) for g in got):
-        return "return a tuple of two bool tensors (self_mask, cross_mask)"
+        return _("return a tuple of two bool tensors (self_mask, cross_mask)")
     self_mask, cross_mask = got
     if self_mask.shape == expected[0].shape and torch.equal(self_mask, expected[0].T) and case.args[1] > 1:
-        return "the causal mask is transposed: query t (row) may see keys s ≤ t (columns), i.e. tril"
+        return _("the causal mask is transposed: query t (row) may see keys s ≤ t (columns), i.e. tril")
     if cross_mask.shape == expected[1].shape and torch.equal(cross_mask, ~expected[1]):
-        return "True must mean 'may attend' (a real source token), not 'padding'"
+        return _("True must mean 'may attend' (a real source token), not 'padding'")
     if cross_mask.numel() == expected[1].numel() and cross_mask.shape != expected[1].shape:
-        return "shape the cross mask (B, 1, 1, S) so it broadcasts over heads and target positions"
+        return _("shape the cross mask (B, 1, 1, S) so it broadcasts over heads and target positions")
     return None
 
 
@@ -285,15 +292,16 @@ def decoder_masks(src: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tensor
 
 # ------------------------------------------------------------------ self-check questions
 
-@question(explain="one weight per (query, key) pair in each head: the queries are the decoder's T = 6 positions, "
-                  "the keys the encoder's S = 4 digits, so (B, H, T, S) = (2, 4, 6, 4).",
+@question(explain=N_("one weight per (query, key) pair in each head: the queries are the decoder's T = 6 positions, "
+                     "the keys the encoder's S = 4 digits, so (B, H, T, S) = (2, 4, 6, 4)."),
           hints=[known_wrong({
-              (2, 4, 6, 6): ("that is the decoder's self-attention (T × T); the keys of cross-attention "
-                             "are the S = 4 digits"),
-              (2, 4, 4, 6): "rows are queries, and the queries come from the decoder: (B, H, T, S), not (B, H, S, T)",
-              (2, 4, 4, 4): ("that is the encoder's self-attention (S × S); the queries come from the "
-                             "decoder's T = 6 positions"),
-              (2, 6, 4): "each head has its own weights: the H = 4 axis stays",
+              (2, 4, 6, 6): (N_("that is the decoder's self-attention (T × T); the keys of cross-attention are the S "
+                                "= 4 digits")),
+              (2, 4, 4, 6): N_("rows are queries, and the queries come from the decoder: (B, H, T, S), not (B, H, S, "
+                               "T)"),
+              (2, 4, 4, 4): (N_("that is the encoder's self-attention (S × S); the queries come from the decoder's T "
+                                "= 6 positions")),
+              (2, 6, 4): N_("each head has its own weights: the H = 4 axis stays"),
           })])
 def cross_weights_shape() -> tuple:
     """The shape of the cross-attention weights for B = 2, H = 4, T = 6 target and S = 4 source positions."""
@@ -303,52 +311,53 @@ def cross_weights_shape() -> tuple:
 CROSS_MASK_OPTIONS = {"a": "source padding", "b": "causal", "c": "both", "d": "none"}
 
 
-@question(explain="the whole source is known before the first syllable, so nothing is hidden for causality; "
-                  "only the padded source positions must get no weight.",
+@question(explain=N_("the whole source is known before the first syllable, so nothing is hidden for causality; only "
+                     "the padded source positions must get no weight."),
           hints=[known_wrong({
-              "b": ("the causal mask hides later *target* tokens; every source digit is already known, "
-                    "and padding must still be masked"),
-              "c": "no causal mask is needed in cross-attention: the source is complete before decoding starts",
-              "d": "padded source positions would then take weight: the padding mask is needed",
+              "b": (N_("the causal mask hides later *target* tokens; every source digit is already known, and "
+                       "padding must still be masked")),
+              "c": N_("no causal mask is needed in cross-attention: the source is complete before decoding starts"),
+              "d": N_("padded source positions would then take weight: the padding mask is needed"),
           })])
 def cross_mask_choice() -> str:
     """Multiple choice: which mask(s) the decoder's cross-attention needs."""
     return next(k for k, v in CROSS_MASK_OPTIONS.items() if v == "source padding")
 
 
-@question(explain="the decoder reads <s> 이 천 이 십 육 (6 positions) and each predicts the next token: "
-                  "the 5 syllables and </s>.",
+@question(explain=N_("the decoder reads <s> 이 천 이 십 육 (6 positions) and each predicts the next token: the 5 "
+                     "syllables and </s>."),
           hints=[known_wrong({
-              5: "</s> is predicted too: the model must learn where the reading ends",
-              7: "<s> is only ever read, never predicted: 6 inputs, 6 predictions",
-              1: "teacher forcing scores every position in the same pass, not only the last one",
+              5: N_("</s> is predicted too: the model must learn where the reading ends"),
+              7: N_("<s> is only ever read, never predicted: 6 inputs, 6 predictions"),
+              1: N_("teacher forcing scores every position in the same pass, not only the last one"),
           })])
 def predictions_scored() -> int:
     """How many predictions one teacher-forcing pass scores for the reading 이천이십육."""
     return 6
 
 
-@question(explain="every one of the 7 beams of each of the 3 sources is extended by every one of the 20 tokens: "
-                  "3 × 7 × 20 = 420 candidates, of which the 7 best per source are kept.",
+@question(explain=N_("every one of the 7 beams of each of the 3 sources is extended by every one of the 20 tokens: 3 "
+                     "× 7 × 20 = 420 candidates, of which the 7 best per source are kept."),
           hints=[known_wrong({
-              140: "that is one source; the batch holds 3, each with its own 7 beams",
-              21: "21 beams are kept (7 per source), but each is extended by all 20 tokens to choose them",
-              60: "each of the 7 beams is extended, not only one per source",
-              30: "the candidates multiply (each beam × each token), they do not add",
+              140: N_("that is one source; the batch holds 3, each with its own 7 beams"),
+              21: N_("21 beams are kept (7 per source), but each is extended by all 20 tokens to choose them"),
+              60: N_("each of the 7 beams is extended, not only one per source"),
+              30: N_("the candidates multiply (each beam × each token), they do not add"),
           })])
 def batched_beam_candidates() -> int:
     """Candidates scored in one beam-search step for a batch of 3 sources, 7 beams each, 20 target tokens."""
     return 3 * 7 * 20
 
 
-@question(explain="101010 is 10 in the 만 group and 1010 in the last: 십만 (a lone 1 before 십 is silent), a space "
-                  "because more follows, then 천십 (lone 1s before 천 and 십 are silent too); the zeros are silent.",
+@question(explain=N_("101010 is 10 in the 만 group and 1010 in the last: 십만 (a lone 1 before 십 is silent), "
+                     "a space because more follows, then 천십 (lone 1s before 천 and 십 are silent too); the zeros "
+                     "are silent."),
           hints=[known_wrong({
-              "십만천십": "a space follows a 만 group when more follows: 십만, space, 천십",
-              "십만 일천일십": "a 1 before 십, 백 or 천 is silent: 1010 is 천십",
-              "일십만 일천일십": "a 1 before 십, 백 or 천 is silent: 10 0000 is 십만 and 1010 is 천십",
-              "십만 천": "the last group is 1010: 천, then 십 for the 1 in the tens",
-              "만 천십": "that is 11010; 101010 has ten 만",
+              "십만천십": N_("a space follows a 만 group when more follows: 십만, space, 천십"),
+              "십만 일천일십": N_("a 1 before 십, 백 or 천 is silent: 1010 is 천십"),
+              "일십만 일천일십": N_("a 1 before 십, 백 or 천 is silent: 10 0000 is 십만 and 1010 is 천십"),
+              "십만 천": N_("the last group is 1010: 천, then 십 for the 1 in the tens"),
+              "만 천십": N_("that is 11010; 101010 has ten 만"),
           })])
 def reading_101010() -> str:
     """The Sino-Korean reading of 101010 in the lesson's spacing convention."""
@@ -369,15 +378,16 @@ def _moved_positions(n_encoder_layers: int, seed: int = 0) -> int:
     return int(((memory[0] - memory[1]).abs().amax(-1) > 1e-6).sum())
 
 
-@question(explain="without encoder blocks memory position s is LayerNorm(embedding + position) of digit s "
-                  "alone, so only position 0 moves; one self-attention block already lets every position "
-                  "take in the changed digit, so with two blocks all 7 move.",
+@question(explain=N_("without encoder blocks memory position s is LayerNorm(embedding + position) of digit s alone, "
+                     "so only position 0 moves; one self-attention block already lets every position take in the "
+                     "changed digit, so with two blocks all 7 move."),
           hints=[known_wrong({
-              (1, 1): "with 2 blocks the other positions move too: their self-attention reads the changed digit",
-              (7, 7): "with no encoder block nothing mixes: memory s depends on digit s and its position only",
-              (0, 7): "the changed digit's own memory position moves as well: count it",
-              (1, 2): "self-attention reads every position at once: one block already reaches all 7, not one neighbour",
-              (0, 0): "compare the memories position by position with a small tolerance (1e-6): some move",
+              (1, 1): N_("with 2 blocks the other positions move too: their self-attention reads the changed digit"),
+              (7, 7): N_("with no encoder block nothing mixes: memory s depends on digit s and its position only"),
+              (0, 7): N_("the changed digit's own memory position moves as well: count it"),
+              (1, 2): N_("self-attention reads every position at once: one block already reaches all 7, not one "
+                         "neighbour"),
+              (0, 0): N_("compare the memories position by position with a small tolerance (1e-6): some move"),
           })])
 def changed_positions() -> tuple:
     """Experiment: (memory positions moved by changing the first digit with 0 encoder blocks, with 2)."""

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from course_tools.exercises.checks import Case, exercise, question
 from course_tools.exercises.references._shared import close, known_wrong
-from course_tools.messages import marked
+from course_tools.messages import N_, N_n, _
 from course_utils import attention, blocks, counting, data, gpt
 
 # --- the fixed contract of the training stage (stated in the notebook) --------------------------
@@ -133,7 +133,8 @@ CLASS_OF = {"attention": "CausalSelfAttention", "ffn": "FeedForward", "block": "
 
 def _label(kind: str, sizes: dict[str, int], x: torch.Tensor) -> str:
     args = ", ".join(f"{k}={v}" for k, v in sizes.items())
-    return f"{CLASS_OF[kind]}({args}) on input {tuple(x.shape)}"
+    return N_("{class_of_kind}({args}) on input {x_shape}", class_of_kind=CLASS_OF[kind], args=args,
+              x_shape=tuple(x.shape))
 
 
 # --- stage 1: shapes and parameter counts --------------------------------------------------------
@@ -153,30 +154,32 @@ def _parameter_names(entries: Any) -> dict[str, str]:
 
 def _shapes_hint(case: Case, got: Any, expected: Any) -> str | None:
     if not isinstance(got, (tuple, list)) or len(got) != 3:
-        return "shapes_of returns (number of parameters, output shape, names): keep the helper as given"
+        return _("shapes_of returns (number of parameters, output shape, names): keep the helper as given")
     want, have = _parameter_names(expected[2]), _parameter_names(got[2])
     extra, missing = sorted(set(have) - set(want)), sorted(set(want) - set(have))
     if any(name.endswith("lm_head.weight") for name in extra):
-        return ("there is an lm_head: the head is tied, logits = final_norm(x) @ token_embedding.weight.T, "
-                "with no module of its own")
+        return (_("there is an lm_head: the head is tied, logits = final_norm(x) @ token_embedding.weight.T, with no "
+                  "module of its own"))
     buffers = [n for n in extra if not n.endswith((".weight", ".bias"))]
     if buffers:
-        return (f"{buffers[0]} is saved with the weights: register a mask buffer with persistent=False, "
-                "or build the mask inside forward")
+        return (_("{buffers_0} is saved with the weights: register a mask buffer with persistent=False, or build the "
+                  "mask inside forward", buffers_0=buffers[0]))
     if missing or extra:
-        shown = marked(f"missing {missing[0]}") if missing else marked(f"unexpected {extra[0]}")
-        return (f"{shown}: name the submodules exactly as the interface does "
-                "(W_Q, W_K, W_V, W_O, W_in, W_out, norm1, ...)")
+        shown = N_("missing {name}", name=missing[0]) if missing else N_("unexpected {name}", name=extra[0])
+        return (_("{shown}: name the submodules exactly as the interface does (W_Q, W_K, W_V, W_O, W_in, W_out, "
+                  "norm1, ...)", shown=shown))
     wrong = [n for n in want if want[n] != have.get(n)]
     if wrong:
-        return f"{wrong[0]} has shape {have[wrong[0]]}, expected {want[wrong[0]]} (nn.Linear stores (out, in))"
+        return _("{wrong_0} has shape {have_wrong_0}, expected {want_wrong_0} (nn.Linear stores (out, in))",
+                 wrong_0=wrong[0], have_wrong_0=have[wrong[0]], want_wrong_0=want[wrong[0]])
     if tuple(got[1]) != tuple(expected[1]):
-        return f"the output should have shape {tuple(expected[1])}"
+        return _("the output should have shape {expected_1}", expected_1=tuple(expected[1]))
     return None
 
 
 @exercise(cases=_shape_cases, function="shapes_of", hints=[_shapes_hint],
-          explain="every parameter has the interface's name and shape, and the head adds no parameters: it is tied.")
+          explain=N_("every parameter has the interface's name and shape, and the head adds no parameters: it is "
+                     "tied."))
 def capstone_shapes(kind: str, sizes: dict[str, int], x: torch.Tensor) -> tuple[int, tuple[int, ...], list[str]]:
     """(parameter count, output shape, sorted "name (shape)" of the state dict) of one module."""
     module = reference_module(kind, sizes)
@@ -194,7 +197,8 @@ def _equivalence_cases(gen: torch.Generator) -> list[Case]:
         module = reference_module(kind, sizes)
         state = to_learner_names(_random_state(module, gen))
         x = _module_input(kind, sizes, batch, length, gen)
-        cases.append(Case(_label(kind, sizes, x) + " with the reference weights", (kind, sizes, state, x)))
+        cases.append(Case(N_("{module} with the reference weights", module=_label(kind, sizes, x)),
+                          (kind, sizes, state, x)))
     return cases
 
 
@@ -219,25 +223,26 @@ def _equivalence_hint(case: Case, got: Any, expected: Any) -> str | None:
     if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
         return None
     if kind != "ffn" and x.shape[1] > 1 and close(got, _run_reference(kind, sizes, state, x, causal=False)):
-        return "the output equals attention without the causal mask: mask the scores above the diagonal"
+        return _("the output equals attention without the causal mask: mask the scores above the diagonal")
     if kind == "attention" and close(got, _unscaled_attention(sizes, state, x)):
-        return "the scores are not divided by √d_head (the width of one head, d_model / n_heads)"
+        return _("the scores are not divided by √d_head (the width of one head, d_model / n_heads)")
     if kind in ("ffn", "block", "gpt") and close(got, _run_reference(kind, sizes, state, x, activation="gelu_tanh")):
-        return "that is GELU's tanh approximation; the interface uses the exact nn.GELU()"
+        return _("that is GELU's tanh approximation; the interface uses the exact nn.GELU()")
     if kind in ("ffn", "block", "gpt") and close(got, _run_reference(kind, sizes, state, x, activation="relu")):
-        return "that is ReLU; the feed-forward network uses the exact GELU, nn.GELU()"
+        return _("that is ReLU; the feed-forward network uses the exact GELU, nn.GELU()")
     if kind == "block" and close(got, _run_reference(kind, sizes, state, x, norm_first=False)):
-        return "that is post-LN (norm(x + f(x))); the interface's blocks are pre-LN: x + f(norm(x))"
+        return _("that is post-LN (norm(x + f(x))); the interface's blocks are pre-LN: x + f(norm(x))")
     if kind == "gpt":
         zeros = torch.zeros_like(state["position_embedding.weight"])
         no_positions = dict(state, **{"position_embedding.weight": zeros})
         if close(got, _run_reference(kind, sizes, no_positions, x)):
-            return "the position embeddings are not added to the token embeddings"
-    return f"check the {CLASS_OF[kind]} stage by stage: the smaller modules' cases above say which one differs"
+            return _("the position embeddings are not added to the token embeddings")
+    return _("check the {class_of_kind} stage by stage: the smaller modules' cases above say which one differs",
+             class_of_kind=CLASS_OF[kind])
 
 
 @exercise(cases=_equivalence_cases, function="outputs_with", atol=1e-4, rtol=1e-4, hints=[_equivalence_hint],
-          explain="with the same weights your modules compute the same function as the course's, to 1e-4.")
+          explain=N_("with the same weights your modules compute the same function as the course's, to 1e-4."))
 def capstone_equivalence(kind: str, sizes: dict[str, int], state: dict[str, torch.Tensor], x: torch.Tensor) \
         -> torch.Tensor:
     """The reference module loaded with ``state`` (interface names) applied to ``x``: (B, T, D), or logits (B, T, V)."""
@@ -255,8 +260,10 @@ def _peeking_cases(gen: torch.Generator) -> list[Case]:
         changed = idx.clone()
         changed[:, first:] = (idx[:, first:] + 1 + torch.randint(sizes["vocab_size"] - 1, changed[:, first:].shape,
                                                                    generator=gen)) % sizes["vocab_size"]
-        cases.append(Case(f"GPT with {sizes['n_layers']} layer(s), {length} tokens, tokens from position {first} "
-                          "on changed", (sizes, idx, changed)))
+        cases.append(Case(N_n("GPT with {n_layers} layer, {length} tokens, tokens from position {first} on changed",
+                              "GPT with {n_layers} layers, {length} tokens, tokens from position {first} on changed",
+                              sizes["n_layers"], n_layers=sizes["n_layers"], length=length, first=first),
+                          (sizes, idx, changed)))
     return cases
 
 
@@ -266,21 +273,21 @@ def _peeking_verdict(case: Case, got: Any, expected: Any) -> tuple[bool, str]:
     shape = (*idx.shape, sizes["vocab_size"])
     if not isinstance(got, (tuple, list)) or len(got) != 2 or \
             not all(isinstance(t, torch.Tensor) and tuple(t.shape) == shape for t in got):
-        return False, f"expected two logits tensors of shape {shape}"
+        return False, _("expected two logits tensors of shape {shape}", shape=shape)
     before, after = (t.detach().double() for t in got)
     moved = (before[:, :first] - after[:, :first]).abs().amax().item()
     if not math.isfinite(moved):
-        return False, "the logits hold NaN or inf"
+        return False, _("the logits hold NaN or inf")
     if moved > 1e-5:
-        return False, (f"the logits before position {first} changed by up to {moved:.3g} when only later tokens "
-                       "changed: the model peeks at the future — set the scores above the diagonal to -inf "
-                       "before the softmax (a causal mask)")
-    return True, f"positions 0..{first - 1} unchanged (max change {moved:.1g})"
+        return False, (_("the logits before position {first} changed by up to {moved:.3g} when only later tokens "
+                         "changed: the model peeks at the future — set the scores above the diagonal to -inf before "
+                         "the softmax (a causal mask)", first=first, moved=moved))
+    return True, _("positions 0..{first_1} unchanged (max change {moved:.1g})", first_1=first - 1, moved=moved)
 
 
 @exercise(cases=_peeking_cases, function="logits_pair", verdict=_peeking_verdict,
-          explain="a token's logits depend only on it and the tokens before it: training on all positions "
-                  "at once is fair.")
+          explain=N_("a token's logits depend only on it and the tokens before it: training on all positions at once "
+                     "is fair."))
 @torch.no_grad()
 def capstone_no_peeking(sizes: dict[str, int], idx: torch.Tensor, changed: torch.Tensor) \
         -> tuple[torch.Tensor, torch.Tensor]:
@@ -322,8 +329,9 @@ def _training_cases(gen: torch.Generator) -> list[Case]:
     seed = int(torch.randint(2**30, (1,), generator=gen))
     settings = dict(TRAIN_SETTINGS, seed=seed)
     shown = ", ".join(f"{k}={v}" for k, v in TRAIN_SETTINGS.items())
-    return [Case(f"train_gpt on Shakespeare's characters, GPT({', '.join(f'{k}={v}' for k, v in TRAIN_SIZES.items())}),"
-                 f" {shown}", (dict(TRAIN_SIZES), settings))]
+    sizes = ", ".join(f"{k}={v}" for k, v in TRAIN_SIZES.items())
+    return [Case(N_("train_gpt on Shakespeare's characters, GPT({sizes}), {settings}", sizes=sizes, settings=shown),
+                 (dict(TRAIN_SIZES), settings))]
 
 
 def trained_reference_model(state: Any) -> gpt.GPT:
@@ -335,13 +343,14 @@ def trained_reference_model(state: Any) -> gpt.GPT:
     want = {k: v.shape for k, v in to_learner_names(model.state_dict()).items()}
     missing, extra = sorted(set(want) - set(state)), sorted(set(state) - set(want))
     if missing or extra:
-        first = marked(f"missing {missing[0]}") if missing else marked(f"unexpected {extra[0]}")
-        raise ValueError(marked(f"the state dict's names differ from the interface ({first}); "
-                                "pass capstone_shapes first"))
+        first = N_("missing {name}", name=missing[0]) if missing else N_("unexpected {name}", name=extra[0])
+        raise ValueError(N_("the state dict's names differ from the interface ({first}); pass capstone_shapes "
+                                   "first", first=first))
     wrong = [k for k in want if tuple(state[k].shape) != tuple(want[k])]
     if wrong:
         shape, wanted = tuple(state[wrong[0]].shape), tuple(want[wrong[0]])
-        raise ValueError(marked(f"{wrong[0]} has shape {shape}, expected {wanted}"))
+        raise ValueError(N_("{wrong_0} has shape {shape}, expected {wanted}", wrong_0=wrong[0], shape=shape,
+                                   wanted=wanted))
     model.load_state_dict(to_reference_names({k: v.float() for k, v in state.items()}))
     return model.eval()
 
@@ -349,29 +358,32 @@ def trained_reference_model(state: Any) -> gpt.GPT:
 def _training_verdict(case: Case, got: Any, expected: Any) -> tuple[bool, str]:
     try:
         model = trained_reference_model(got)
-    except ValueError as exc:
-        return False, str(exc)
+    except ValueError as exc:  # its message is a Message: given in the learner's language by the checker
+        return False, exc.args[0]
     loss = validation_loss(model, case.args[1]["seed"])
     if not math.isfinite(loss):
-        return False, "the validation loss is not finite: the weights hold NaN or inf (did the loss diverge?)"
+        return False, _("the validation loss is not finite: the weights hold NaN or inf (did the loss diverge?)")
     if loss < THRESHOLD:
-        return True, f"validation loss {loss:.3f} (the grader's, with a causal reference model) < {THRESHOLD}"
-    vocab, _ = shakespeare_splits()
+        return True, _("validation loss {loss:.3f} (the grader's, with a causal reference model) < {threshold}",
+                       loss=loss, threshold=THRESHOLD)
+    vocab = shakespeare_splits()[0]
     if loss > math.log(vocab) + 0.5:
-        why = marked("far above an untrained model's ln V: if your own training loss is near 0, the model saw the "
-               "future (check capstone_no_peeking) or learned to copy its input (are the targets shifted by one?)")
+        why = N_("far above an untrained model's ln V: if your own training loss is near 0, the model saw the "
+                        "future (check capstone_no_peeking) or learned to copy its input (are the targets shifted by "
+                        "one?)")
     elif loss > 2.7:
-        why = marked("the loop hardly learned: zero the gradients every step (optimizer.zero_grad()), use the "
-               "learning rate you are given, and step the optimiser after backward()")
+        why = N_("the loop hardly learned: zero the gradients every step (optimizer.zero_grad()), use the "
+                        "learning rate you are given, and step the optimiser after backward()")
     else:
-        why = marked("close but not there: warm the learning rate up linearly over warmup_steps before the cosine "
-               "decay, and clip the gradient norm to grad_clip")
-    return False, f"validation loss {loss:.3f} ≥ {THRESHOLD} — {why}"
+        why = N_("close but not there: warm the learning rate up linearly over warmup_steps before the cosine "
+                        "decay, and clip the gradient norm to grad_clip")
+    return False, _("validation loss {loss:.3f} ≥ {threshold} — {why}", loss=loss, threshold=THRESHOLD, why=why)
 
 
 @exercise(cases=_training_cases, function="trained_weights", verdict=_training_verdict,
-          explain=f"{TRAIN_SETTINGS['steps']} steps of AdamW with warm-up, cosine decay and clipping take the "
-                  "model well below a character bigram's validation loss: it uses its context.")
+          explain=N_("{train_settings_steps} steps of AdamW with warm-up, cosine decay and clipping take the model "
+                     "well below a character bigram's validation loss: it uses its context.",
+                     train_settings_steps=TRAIN_SETTINGS['steps']))
 def capstone_training(sizes: dict[str, int], settings: dict[str, Any]) -> float:
     """The threshold the grader's validation loss must beat (judged by ``_training_verdict``)."""
     return THRESHOLD
@@ -388,8 +400,9 @@ def _sampling_cases(gen: torch.Generator) -> list[Case]:
         state = to_learner_names(_random_state(reference_module("gpt", sizes), gen))
         idx = torch.randint(sizes["vocab_size"], (batch, prompt), generator=gen)
         shown = ", ".join(f"{k}={v}" for k, v in options.items())
-        cases.append(Case(f"generate(prompt {tuple(idx.shape)}, max_new_tokens={new}, {shown}), max_len "
-                          f"{sizes['max_len']}", (sizes, state, idx, new, options)))
+        cases.append(Case(N_("generate(prompt {idx_shape}, max_new_tokens={new}, {shown}), max_len {sizes_max_len}",
+                             idx_shape=tuple(idx.shape), new=new, shown=shown, sizes_max_len=sizes['max_len']),
+                          (sizes, state, idx, new, options)))
     return cases
 
 
@@ -398,35 +411,39 @@ def greedy(sizes: dict[str, int], state: dict[str, torch.Tensor], idx: torch.Ten
     """The reference's greedy continuation, feeding at most max_len tokens each step."""
     model = reference_module("gpt", sizes)
     model.load_state_dict(to_reference_names(state))
-    for _ in range(new):
-        logits, _ = model(idx[:, -sizes["max_len"]:])
+    for _step in range(new):
+        logits = model(idx[:, -sizes["max_len"]:])[0]
         idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     return idx
 
 
 def _sampling_verdict(case: Case, got: Any, expected: Any) -> tuple[bool, str]:
-    sizes, _, idx, new, options = case.args
+    sizes, idx, new, options = case.args[0], *case.args[2:]
     shape = (idx.shape[0], idx.shape[1] + new)
     if not isinstance(got, torch.Tensor) or got.dtype not in (torch.int64, torch.int32):
-        return False, "generate must return a tensor of integer token ids"
+        return False, _("generate must return a tensor of integer token ids")
     if tuple(got.shape) != shape:
-        return False, f"expected shape {shape} (the prompt plus max_new_tokens), got {tuple(got.shape)}"
+        return False, _("expected shape {shape} (the prompt plus max_new_tokens), got {got_shape}", shape=shape,
+                        got_shape=tuple(got.shape))
     if not torch.equal(got[:, :idx.shape[1]].long(), idx):
-        return False, "the prompt is not kept: return torch.cat([idx, new_tokens], dim=1)"
+        return False, _("the prompt is not kept: return torch.cat([idx, new_tokens], dim=1)")
     if int(got.min()) < 0 or int(got.max()) >= sizes["vocab_size"]:
-        return False, f"ids outside the vocabulary [0, {sizes['vocab_size']})"
+        return False, _("ids outside the vocabulary [0, {sizes_vocab_size})", sizes_vocab_size=sizes['vocab_size'])
     if options.get("top_k") == 1 and not torch.equal(got.long(), expected):
         wrong = int((got.long() != expected).any(0).nonzero()[0])
         if shape[1] > sizes["max_len"]:
-            return False, (f"with top_k=1 the tokens should follow the greedy path; they differ from position {wrong} "
-                           "(feed only the last max_len tokens: idx[:, -max_len:])")
-        return False, f"with top_k=1 the tokens should follow the greedy path; they differ from position {wrong}"
-    return True, f"shape {shape}, prompt kept, ids in [0, {sizes['vocab_size']})" + \
-        (", the greedy path" if options.get("top_k") == 1 else "")
+            return False, (_("with top_k=1 the tokens should follow the greedy path; they differ from position "
+                             "{wrong} (feed only the last max_len tokens: idx[:, -max_len:])", wrong=wrong))
+        return False, _("with top_k=1 the tokens should follow the greedy path; they differ from position {wrong}",
+                        wrong=wrong)
+    if options.get("top_k") == 1:
+        return True, _("shape {shape}, prompt kept, ids in [0, {vocab_size}), the greedy path", shape=shape,
+                       vocab_size=sizes["vocab_size"])
+    return True, _("shape {shape}, prompt kept, ids in [0, {vocab_size})", shape=shape, vocab_size=sizes["vocab_size"])
 
 
 @exercise(cases=_sampling_cases, function="sampled", verdict=_sampling_verdict,
-          explain="one token at a time from the last position's distribution, the context cropped to max_len.")
+          explain=N_("one token at a time from the last position's distribution, the context cropped to max_len."))
 def capstone_sampling(sizes: dict[str, int], state: dict[str, torch.Tensor], idx: torch.Tensor, new: int,
                       options: dict[str, Any]) -> torch.Tensor:
     """The greedy continuation (what ``top_k=1`` must give; other cases are judged on form only)."""
@@ -440,49 +457,49 @@ def _count_train_config() -> int:
     return counting.count_params(gpt.GPTConfig(vocab_size=84, activation=ACTIVATION, **TRAIN_SIZES))
 
 
-@question(explain="84·64 token + 64·64 position embeddings, 2 blocks of 49,984 (attention 4·(64·64 + 64), "
-                  "feed-forward 64·256 + 256 + 256·64 + 64, two norms 2·128), the final norm 128, and no head: "
-                  "5,376 + 4,096 + 99,968 + 128 = 109,568.",
-          hints=[known_wrong({114944: "that counts an lm_head of 84·64: the head is tied to the token embedding",
-                              109440: "the final norm has a gain and a bias too (128 parameters)",
-                              105472: "the position embedding is learned: 64·64 parameters",
-                              107776: "each of the 4 attention projections and both feed-forward layers has a bias",
-                              98304: "that is 2 · 12 · d_model² only: add the embeddings, biases and norms"})])
+@question(explain=N_("84·64 token + 64·64 position embeddings, 2 blocks of 49,984 (attention 4·(64·64 + 64), "
+                     "feed-forward 64·256 + 256 + 256·64 + 64, two norms 2·128), the final norm 128, and no head: "
+                     "5,376 + 4,096 + 99,968 + 128 = 109,568."),
+          hints=[known_wrong({114944: N_("that counts an lm_head of 84·64: the head is tied to the token embedding"),
+                              109440: N_("the final norm has a gain and a bias too (128 parameters)"),
+                              105472: N_("the position embedding is learned: 64·64 parameters"),
+                              107776: N_("each of the 4 attention projections and both feed-forward layers has a bias"),
+                              98304: N_("that is 2 · 12 · d_model² only: add the embeddings, biases and norms")})])
 def capstone_params() -> int:
     """Parameters of the training stage's GPT (V = 84, max_len 64, 2 layers, 4 heads, d_model 64)."""
     return _count_train_config()
 
 
-@question(explain="the no-peeking stage passes, so the mask is in place; a training loss near 0 then means the "
-                  "target is visible to the model: with y = x it only has to copy the current token.",
-          hints=[known_wrong({"a": "a missing mask would fail the no-peeking stage, which passes here",
-                              "c": "without warm-up the loss stalls or spikes; it does not fall to 0.04",
-                              "d": "gradients that pile up make training worse, not a loss near 0"})])
+@question(explain=N_("the no-peeking stage passes, so the mask is in place; a training loss near 0 then means the "
+                     "target is visible to the model: with y = x it only has to copy the current token."),
+          hints=[known_wrong({"a": N_("a missing mask would fail the no-peeking stage, which passes here"),
+                              "c": N_("without warm-up the loss stalls or spikes; it does not fall to 0.04"),
+                              "d": N_("gradients that pile up make training worse, not a loss near 0")})])
 def capstone_diagnosis() -> str:
     """Training loss 0.04, no-peeking passes, grader's validation loss 6: which bug?"""
     return "b"
 
 
-@question(explain="at the last step the sequence holds 10 + 59 = 69 tokens; the model sees only the last "
-                  "max_len = 64 of them, for each of the 3 prompts.",
-          hints=[known_wrong({(3, 69): "69 tokens exceed max_len = 64: the position embedding has only 64 rows, "
-                                        "so generate crops to idx[:, -64:]",
-                              (3, 70): "the last step feeds the sequence before its new token: 10 + 59 tokens, "
-                                       "cropped to 64",
-                              (3, 64, 84): "that is the logits' shape; the question asks for the model's input",
-                              (64, 3): "the batch comes first: (B, T)"})])
+@question(explain=N_("at the last step the sequence holds 10 + 59 = 69 tokens; the model sees only the last max_len "
+                     "= 64 of them, for each of the 3 prompts."),
+          hints=[known_wrong({(3, 69): N_("69 tokens exceed max_len = 64: the position embedding has only 64 rows, "
+                                          "so generate crops to idx[:, -64:]"),
+                              (3, 70): N_("the last step feeds the sequence before its new token: 10 + 59 tokens, "
+                                          "cropped to 64"),
+                              (3, 64, 84): N_("that is the logits' shape; the question asks for the model's input"),
+                              (64, 3): N_("the batch comes first: (B, T)")})])
 def capstone_last_input() -> tuple[int, int]:
     """The shape of the model's input at the last step of generating 60 tokens after a (3, 10) prompt."""
     return (3, 64)
 
 
-@question(explain="progress (275 − 50) / 450 = 0.5 puts the cosine at 0: the rate is halfway between lr = 0.01 "
-                  "and min_lr = 0.001, 0.0055.",
+@question(explain=N_("progress (275 − 50) / 450 = 0.5 puts the cosine at 0: the rate is halfway between lr = 0.01 "
+                     "and min_lr = 0.001, 0.0055."),
           atol=1e-5,
-          hints=[known_wrong({0.005: "that is lr / 2: the cosine ends at min_lr = lr / 10, not at 0",
-                              0.01: "step 275 is past the warm-up (50 steps): the cosine has started",
+          hints=[known_wrong({0.005: N_("that is lr / 2: the cosine ends at min_lr = lr / 10, not at 0"),
+                              0.01: N_("step 275 is past the warm-up (50 steps): the cosine has started"),
                               0.001 + 0.0045 * (1 + math.cos(math.pi * 275 / 500)):
-                                  "the cosine starts after the warm-up: (step − warmup) / (steps − warmup)"})])
+                                  N_("the cosine starts after the warm-up: (step − warmup) / (steps − warmup)")})])
 def capstone_lr_mid() -> float:
     """The learning rate at step 275 of 500, warm-up 50, lr 0.01, min_lr = lr / 10."""
     return 0.001 + 0.5 * (0.01 - 0.001)
@@ -491,11 +508,12 @@ def capstone_lr_mid() -> float:
 # --- experiment: let the model peek -----------------------------------------------------------------
 
 
-@question(explain="without the mask each position can read the next character, its target, and the weights learn "
-                  "to lean on it; under the mask that help is gone, so the same weights score worse.",
-          hints=[known_wrong({"a": "compare the two numbers your function printed: the mask changes the loss",
-                              "c": "a short run does not reach 0; look at which of the two losses is lower",
-                              "b": "the loss without the mask is the one that can read the answer: it is the lower"})])
+@question(explain=N_("without the mask each position can read the next character, its target, and the weights learn "
+                     "to lean on it; under the mask that help is gone, so the same weights score worse."),
+          hints=[known_wrong({"a": N_("compare the two numbers your function printed: the mask changes the loss"),
+                              "c": N_("a short run does not reach 0; look at which of the two losses is lower"),
+                              "b": N_("the loss without the mask is the one that can read the answer: it is the "
+                                      "lower")})])
 def peeking_verdict() -> str:
     """What the peeking experiment measures."""
     return "d"

@@ -11,6 +11,7 @@ import torch
 from course_tools.exercises.checks import Case, exercise, question
 from course_tools.exercises.references._shared import close as _close
 from course_tools.exercises.references._shared import known_wrong
+from course_tools.messages import N_, N_n, _
 from course_utils import chat, pretrained, quantize
 from course_utils.cpu_threads import torch_threads
 
@@ -21,7 +22,8 @@ def _q4_1_cases(gen: torch.Generator) -> list[Case]:
     cases = []
     for n in (1, 3, 8):
         w = torch.randn(n, 32, generator=gen) * 0.1
-        cases.append(Case(f"raw uint8 ({n}, 20): {n} Q4_1 block(s)", (quantize.quantize(w, "Q4_1"),)))
+        label = N_n("raw uint8 ({n}, 20): {n} Q4_1 block", "raw uint8 ({n}, 20): {n} Q4_1 blocks", n, n=n)
+        cases.append(Case(label, (quantize.quantize(w, "Q4_1"),)))
     return cases
 
 
@@ -38,14 +40,14 @@ def _q4_1_wrong(raw: torch.Tensor, interleave=False, no_min=False, swap=False) -
 def _q4_1_hint(case: Case, got, expected) -> str | None:
     (raw,) = case.args
     if _close(got, _q4_1_wrong(raw, interleave=True)):
-        return ("the nibbles are not interleaved: the low nibbles of the 16 bytes are weights 0..15, "
-                "the high ones 16..31")
+        return (_("the nibbles are not interleaved: the low nibbles of the 16 bytes are weights 0..15, the high ones "
+                  "16..31"))
     if _close(got, _q4_1_wrong(raw, no_min=True)):
-        return "add the block's minimum m: Q4_1 stores w = d·q + m (Q4_0 has no m)"
+        return _("add the block's minimum m: Q4_1 stores w = d·q + m (Q4_0 has no m)")
     if _close(got, _q4_1_wrong(raw, swap=True)):
-        return "the first float16 is the scale d, the second the minimum m"
-    return ("view bytes 0-1 and 2-3 of each block as float16 (d, m), split bytes 4..19 into low (& 0x0F) and "
-            "high (>> 4) nibbles, put the 16 low ones first, then d·q + m in float32")
+        return _("the first float16 is the scale d, the second the minimum m")
+    return (_("view bytes 0-1 and 2-3 of each block as float16 (d, m), split bytes 4..19 into low (& 0x0F) and high "
+              "(>> 4) nibbles, put the 16 low ones first, then d·q + m in float32"))
 
 
 @exercise(cases=_q4_1_cases, hints=[_q4_1_hint], atol=0.0, rtol=0.0)
@@ -63,7 +65,7 @@ def _q8_cases(gen: torch.Generator) -> list[Case]:
     for n, scale in ((1, 1.0), (4, 0.05), (6, 3.0)):
         w = torch.randn(n, 32, generator=gen) * scale
         w[0, 0] = 4 * scale  # the largest |w| of block 0 is known: it must come back exactly
-        cases.append(Case(f"w ({n}, 32), scale {scale:g}", (w,)))
+        cases.append(Case(N_("w ({n}, 32), scale {scale:g}", n=n, scale=scale), (w,)))
     return cases
 
 
@@ -79,12 +81,12 @@ def _q8_wrong(w: torch.Tensor, levels=127, signed_max=False, trunc=False, f16=Tr
 def _q8_hint(case: Case, got, expected) -> str | None:
     (w,) = case.args
     if _close(got, _q8_wrong(w, trunc=True)):
-        return "round to the nearest integer (torch.round), do not cut off the fraction"
+        return _("round to the nearest integer (torch.round), do not cut off the fraction")
     if _close(got, _q8_wrong(w, levels=128)):
-        return "divide max|w| by 127, so the largest weight maps to ±127 and fits in an int8 either way"
+        return _("divide max|w| by 127, so the largest weight maps to ±127 and fits in an int8 either way")
     if _close(got, _q8_wrong(w, signed_max=True)):
-        return "the scale comes from the largest absolute value max|w|, not the largest weight"
-    return "d = max|w| / 127 per row of 32 (rounded to float16), q = round(w / d) clipped to ±127, then q·d"
+        return _("the scale comes from the largest absolute value max|w|, not the largest weight")
+    return _("d = max|w| / 127 per row of 32 (rounded to float16), q = round(w / d) clipped to ±127, then q·d")
 
 
 @exercise(cases=_q8_cases, hints=[_q8_hint], atol=1e-6, rtol=1e-5)
@@ -99,10 +101,10 @@ def q8_0_roundtrip(w: torch.Tensor) -> torch.Tensor:
 
 def _chat_cases(gen: torch.Generator) -> list[Case]:
     return [
-        Case("one user message", ([{"role": "user", "content": "What is 2 + 2?"}],)),
-        Case("a system message and a user message", ([{"role": "system", "content": "Answer briefly."},
+        Case(N_("one user message"), ([{"role": "user", "content": "What is 2 + 2?"}],)),
+        Case(N_("a system message and a user message"), ([{"role": "system", "content": "Answer briefly."},
                                                        {"role": "user", "content": "Name a colour."}],)),
-        Case("two turns", ([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+        Case(N_("two turns"), ([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
                             {"role": "user", "content": "안녕?"}],)),
     ]
 
@@ -110,14 +112,14 @@ def _chat_cases(gen: torch.Generator) -> list[Case]:
 def _chat_hint(case: Case, got, expected) -> str | None:
     (messages,) = case.args
     if not isinstance(got, str):
-        return "return the prompt as one string"
+        return _("return the prompt as one string")
     if got == expected.removesuffix("<|im_start|>assistant\n"):
-        return "end with the header of the reply the model is to write: <|im_start|>assistant and a newline"
+        return _("end with the header of the reply the model is to write: <|im_start|>assistant and a newline")
     if messages[0]["role"] != "system" and chat.DEFAULT_SYSTEM not in got:
-        return "a conversation without a system message gets the default one first"
+        return _("a conversation without a system message gets the default one first")
     if got.replace("<|im_end|>\n", "<|im_end|>") == expected.replace("<|im_end|>\n", "<|im_end|>"):
-        return "every <|im_end|> is followed by a newline"
-    return "each message is <|im_start|>ROLE, a newline, the content, <|im_end|>, a newline"
+        return _("every <|im_end|> is followed by a newline")
+    return _("each message is <|im_start|>ROLE, a newline, the content, <|im_end|>, a newline")
 
 
 @exercise(cases=_chat_cases, hints=[_chat_hint])
@@ -131,19 +133,20 @@ def chatml_prompt(messages: list) -> str:
 
 
 def _bpb_cases(gen: torch.Generator) -> list[Case]:
-    return [Case(f"loss {loss:g} nats/token, {n_tok} tokens, {n_bytes} bytes", (loss, n_tok, n_bytes))
+    return [Case(N_("loss {loss:g} nats/token, {n_tok} tokens, {n_bytes} bytes", loss=loss, n_tok=n_tok,
+                    n_bytes=n_bytes), (loss, n_tok, n_bytes))
             for loss, n_tok, n_bytes in ((1.5, 1000, 1000), (3.2, 250, 1000), (2.0, 300, 1321))]
 
 
 def _bpb_hint(case: Case, got, expected) -> str | None:
     loss, n_tok, n_bytes = case.args
     if _close(got, loss * n_tok / n_bytes):
-        return "that is nats per byte: divide by ln 2 for bits"
+        return _("that is nats per byte: divide by ln 2 for bits")
     if _close(got, loss / math.log(2)):
-        return "that is bits per token: multiply by the tokens and divide by the bytes"
+        return _("that is bits per token: multiply by the tokens and divide by the bytes")
     if _close(got, loss * n_bytes / n_tok / math.log(2)):
-        return "tokens per byte, not bytes per token: the total is loss · tokens, shared out over the bytes"
-    return "total nats = loss · tokens; bits = nats / ln 2; divide by the number of bytes"
+        return _("tokens per byte, not bytes per token: the total is loss · tokens, shared out over the bytes")
+    return _("total nats = loss · tokens; bits = nats / ln 2; divide by the number of bytes")
 
 
 @exercise(cases=_bpb_cases, hints=[_bpb_hint])
@@ -156,47 +159,48 @@ def bits_per_byte(loss: float, n_tokens: int, n_bytes: int) -> float:
 # ------------------------------------------------------------------ self-check questions
 
 
-@question(explain="16 bytes of 4-bit numbers plus a float16 scale and a float16 minimum: 20 bytes = 160 bits "
-                  "for 32 weights, 5 bits a weight.",
+@question(explain=N_("16 bytes of 4-bit numbers plus a float16 scale and a float16 minimum: 20 bytes = 160 bits for "
+                     "32 weights, 5 bits a weight."),
           hints=[known_wrong({
-              4: "the 32 four-bit numbers are not all: each block also stores d and m, 2 bytes each",
-              4.5: "that is Q4_0 (a scale only); Q4_1 also stores the minimum m",
+              4: N_("the 32 four-bit numbers are not all: each block also stores d and m, 2 bytes each"),
+              4.5: N_("that is Q4_0 (a scale only); Q4_1 also stores the minimum m"),
           })])
 def q4_1_bits() -> float:
     """Bits per weight of Q4_1, scale and minimum included."""
     return quantize.bits_per_weight("Q4_1")
 
 
-@question(explain="134,515,008 parameters × 4 bytes = 538 MB; the Q4_1 file is 98 MB.",
+@question(explain=N_("134,515,008 parameters × 4 bytes = 538 MB; the Q4_1 file is 98 MB."),
           hints=[known_wrong({
-              134.5: "that is one byte per parameter; float32 takes 4",
-              269: "that is float16/bfloat16 (2 bytes); float32 takes 4",
-              1076: "the tied embedding is one matrix: count it once",
+              134.5: N_("that is one byte per parameter; float32 takes 4"),
+              269: N_("that is float16/bfloat16 (2 bytes); float32 takes 4"),
+              1076: N_("the tied embedding is one matrix: count it once"),
           })], atol=1.0)
 def float32_megabytes() -> float:
     """Megabytes (10⁶ bytes) of SmolLM2-135M's 134,515,008 parameters in float32."""
     return 134_515_008 * 4 / 1e6
 
 
-@question(explain="one decoded token reads every weight once: 34 GB/s ÷ 0.538 GB ≈ 63 tokens per second at best.",
+@question(explain=N_("one decoded token reads every weight once: 34 GB/s ÷ 0.538 GB ≈ 63 tokens per second at best."),
           hints=[known_wrong({
-              0.016: "that is seconds per token; the question asks tokens per second",
-              252: "that divides by the 0.135 GB of one byte per parameter; float32 weights take 4 bytes",
-              344: "that divides by the 98 MB of the Q4_1 file; the float32 path reads 538 MB",
+              0.016: N_("that is seconds per token; the question asks tokens per second"),
+              252: N_("that divides by the 0.135 GB of one byte per parameter; float32 weights take 4 bytes"),
+              344: N_("that divides by the 98 MB of the Q4_1 file; the float32 path reads 538 MB"),
           })], atol=3.0)
 def roofline_tokens_per_s() -> float:
     """The memory-bandwidth ceiling on decoding (tokens/s) for 538 MB of float32 weights read at 34 GB/s."""
     return 34e9 / 538e6
 
 
-@question(explain="llama.cpp's converter stores W_Q and W_K in the order of Meta's original code, neighbour pairs "
-                  "(2j, 2j+1), which is the course's apply_rope; Hugging Face's rotate-half order needs the "
-                  "permutation.",
+@question(explain=N_("llama.cpp's converter stores W_Q and W_K in the order of Meta's original code, neighbour pairs "
+                     "(2j, 2j+1), which is the course's apply_rope; Hugging Face's rotate-half order needs the "
+                     "permutation."),
           hints=[known_wrong({
-              "a": "RoPE does rotate q and k in SmolLM2 (rope.freq_base = 100,000)",
-              "c": "the file's rows are permuted relative to Hugging Face's; it is HF's that need rope_halves_to_pairs",
-              "b": "the score q·k is unchanged by a permutation only if q and k are permuted alike, and the rotation "
-                   "must pair the right features",
+              "a": N_("RoPE does rotate q and k in SmolLM2 (rope.freq_base = 100,000)"),
+              "c": N_("the file's rows are permuted relative to Hugging Face's; it is HF's that need "
+                      "rope_halves_to_pairs"),
+              "b": N_("the score q·k is unchanged by a permutation only if q and k are permuted alike, and the "
+                      "rotation must pair the right features"),
           })])
 def gguf_rope_layout() -> str:
     """Why do the GGUF file's W_Q and W_K load into the course's GPT without rope_halves_to_pairs?
@@ -205,11 +209,12 @@ def gguf_rope_layout() -> str:
     return "d"
 
 
-@question(explain="the vocabulary was learned mostly from English: a Korean syllable is 3 UTF-8 bytes and few "
-                  "merges join them, so Korean text needs more tokens per character and costs more context and time.",
+@question(explain=N_("the vocabulary was learned mostly from English: a Korean syllable is 3 UTF-8 bytes and few "
+                     "merges join them, so Korean text needs more tokens per character and costs more context and "
+                     "time."),
           hints=[known_wrong({
-              "a": "Korean has fewer characters per word, but each syllable is 3 UTF-8 bytes that few merges cover",
-              "b": "the model reads every token the same way; the count is fixed by the tokenizer",
+              "a": N_("Korean has fewer characters per word, but each syllable is 3 UTF-8 bytes that few merges cover"),
+              "b": N_("the model reads every token the same way; the count is fixed by the tokenizer"),
           })])
 def korean_tokens() -> str:
     """Korean text takes more SmolLM2 tokens per character than English. Why? (a) Korean words are shorter;
@@ -232,10 +237,11 @@ def q4_1_model(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-@question(explain="Q4_1 keeps 16 levels per block of 32 weights; on the 820,480-parameter character model "
-                  "that costs about a hundredth of a nat on the fixed validation slice.",
+@question(explain=N_("Q4_1 keeps 16 levels per block of 32 weights; on the 820,480-parameter character model that "
+                     "costs about a hundredth of a nat on the fixed validation slice."),
           hints=[known_wrong({
-              0.0: "the loss did not change: quantise the weights of the model you evaluate (p.copy_ inside no_grad)",
+              0.0: N_("the loss did not change: quantise the weights of the model you evaluate (p.copy_ inside "
+                      "no_grad)"),
           })], atol=2e-3)
 def q4_1_loss_increase() -> float:
     """Experiment: validation loss (nats, first 64 windows of the fixed slice) of the shipped Shakespeare

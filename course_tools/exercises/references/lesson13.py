@@ -18,6 +18,7 @@ from torch import nn
 from course_tools.exercises.checks import Case, exercise, question
 from course_tools.exercises.references._shared import close as _close
 from course_tools.exercises.references._shared import known_wrong
+from course_tools.messages import N_, _
 from course_utils import dpo, lora
 from course_utils.cpu_threads import torch_threads
 
@@ -39,14 +40,14 @@ def _lora_hint(case: Case, got, expected) -> str | None:
     r = A.shape[0]
     base = x @ W.T + b
     if _close(got, base):
-        return "the low-rank path is missing: add (alpha / rank) · x Aᵀ Bᵀ to the frozen layer's output"
+        return _("the low-rank path is missing: add (alpha / rank) · x Aᵀ Bᵀ to the frozen layer's output")
     if r != alpha and _close(got, base + x @ A.T @ B.T):
-        return "α/r forgotten: the update is scaled by alpha / rank"
+        return _("α/r forgotten: the update is scaled by alpha / rank")
     if r > 1 and _close(got, base + alpha * x @ A.T @ B.T):
-        return "scale by alpha / rank, not by alpha alone"
+        return _("scale by alpha / rank, not by alpha alone")
     if _close(got, x @ W.T + alpha / r * x @ A.T @ B.T):
-        return "the frozen layer's bias b belongs to the output too"
-    return "one way: x @ W.T + b + (alpha / A.shape[0]) * (x @ A.T) @ B.T"
+        return _("the frozen layer's bias b belongs to the output too")
+    return _("one way: x @ W.T + b + (alpha / A.shape[0]) * (x @ A.T) @ B.T")
 
 
 @exercise(cases=_lora_cases, hints=[_lora_hint])
@@ -78,12 +79,12 @@ def _merge_hint(case: Case, got, expected) -> str | None:
     W, A, B, alpha = case.args
     r = A.shape[0]
     if isinstance(got, torch.Tensor) and got.shape != W.shape:
-        return "the merged weight has W's shape (O, I): ΔW = B A is (O, r)·(r, I)"
+        return _("the merged weight has W's shape (O, I): ΔW = B A is (O, r)·(r, I)")
     if r != alpha and _close(got, W + B @ A):
-        return "α/r forgotten: ΔW = (alpha / rank) · B A"
+        return _("α/r forgotten: ΔW = (alpha / rank) · B A")
     if W.shape[0] == W.shape[1] and _close(got, W + alpha / r * (B @ A).T):
-        return "ΔW is B A (O, I), not its transpose"
-    return "one way: W + (alpha / A.shape[0]) * B @ A"
+        return _("ΔW is B A (O, I), not its transpose")
+    return _("one way: W + (alpha / A.shape[0]) * B @ A")
 
 
 @exercise(cases=_merge_cases, hints=[_merge_hint])
@@ -97,7 +98,7 @@ def merge_weight(W: torch.Tensor, A: torch.Tensor, B: torch.Tensor, alpha: float
 
 def _mask_cases(gen: torch.Generator) -> list[Case]:
     del gen  # the cases are fixed sizes; nothing random
-    return [Case(f"prompt {p} tokens, answer {a} tokens, padded to {w}", (p, a, w))
+    return [Case(N_("prompt {p} tokens, answer {a} tokens, padded to {w}", p=p, a=a, w=w), (p, a, w))
             for p, a, w in [(1, 1, 2), (3, 2, 5), (4, 3, 9), (27, 12, 45)]]
 
 
@@ -110,13 +111,13 @@ def _shifted(p: int, a: int, w: int, shift: int = 1, prompt: bool = False) -> to
 def _mask_hint(case: Case, got, expected) -> str | None:
     p, a, w = case.args
     if not isinstance(got, torch.Tensor) or got.dtype != torch.bool:
-        return "return a bool tensor"
+        return _("return a bool tensor")
     if got.shape == (w,):
-        return "the mask goes with the targets y = ids[1:], which have width − 1 positions"
+        return _("the mask goes with the targets y = ids[1:], which have width − 1 positions")
     if got.shape == expected.shape and torch.equal(got, _shifted(p, a, w, prompt=True)) and p > 1:
-        return "the prompt is left in the loss: only the answer's tokens are to be learned"
+        return _("the prompt is left in the loss: only the answer's tokens are to be learned")
     if got.shape == expected.shape and torch.equal(got, _shifted(p, a, w, shift=0)):
-        return "not shifted: position t predicts ids[t + 1], so it is in the loss when ids[t + 1] is an answer token"
+        return _("not shifted: position t predicts ids[t + 1], so it is in the loss when ids[t + 1] is an answer token")
     return None
 
 
@@ -136,24 +137,25 @@ def _dpo_cases(gen: torch.Generator) -> list[Case]:
     cases = []
     for n, beta in [(1, 0.5), (4, 0.1), (8, 2.0)]:
         pc, pr, rc, rr = (-10 * torch.rand(n, generator=gen) - 1 for _ in range(4))
-        cases.append(Case(f"{n} pairs of sequence log-probabilities, beta={beta:g}", (pc, pr, rc, rr, beta)))
+        cases.append(Case(N_("{n} pairs of sequence log-probabilities, beta={beta:g}", n=n, beta=beta),
+                          (pc, pr, rc, rr, beta)))
     return cases
 
 
 def _dpo_hint(case: Case, got, expected) -> str | None:
     pc, pr, rc, rr, beta = case.args
     if not isinstance(got, torch.Tensor) or got.numel() != 1:
-        return "return the mean loss over the pairs, a scalar tensor"
+        return _("return the mean loss over the pairs, a scalar tensor")
     if _close(got, -F.logsigmoid(beta * (pc - pr)).mean()):
-        return ("the reference is missing: the margin is (log π − log π_ref)(chosen) − (log π − log π_ref)(rejected), "
-                "with π_ref a frozen copy (never updated)")
+        return (_("the reference is missing: the margin is (log π − log π_ref)(chosen) − (log π − log "
+                  "π_ref)(rejected), with π_ref a frozen copy (never updated)"))
     if _close(got, -F.logsigmoid(-beta * ((pc - rc) - (pr - rr))).mean()):
-        return "the sign is reversed: the loss is small when the chosen answer gains more than the rejected one"
+        return _("the sign is reversed: the loss is small when the chosen answer gains more than the rejected one")
     if beta != 1 and _close(got, -F.logsigmoid((pc - rc) - (pr - rr)).mean()):
-        return "β forgotten: multiply the margin by beta inside the sigmoid"
+        return _("β forgotten: multiply the margin by beta inside the sigmoid")
     if len(pc) > 1 and _close(got, -F.logsigmoid(beta * ((pc - rc) - (pr - rr))).sum()):
-        return "average over the pairs (mean), not the sum"
-    return "one way: margin = (pc - rc) - (pr - rr); return -F.logsigmoid(beta * margin).mean()"
+        return _("average over the pairs (mean), not the sum")
+    return _("one way: margin = (pc - rc) - (pr - rr); return -F.logsigmoid(beta * margin).mean()")
 
 
 @exercise(cases=_dpo_cases, hints=[_dpo_hint])
@@ -165,64 +167,64 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_cho
 
 
 # ------------------------------------------------------------------ self-check questions
-@question(explain="each adapted matrix trains r·(in + out) numbers whatever its direction: 4·(576 + 1,536) = 8,448; "
-                  "three matrices a block (gate, up, down) make 25,344, × 30 blocks = 760,320.",
+@question(explain=N_("each adapted matrix trains r·(in + out) numbers whatever its direction: 4·(576 + 1,536) = "
+                     "8,448; three matrices a block (gate, up, down) make 25,344, × 30 blocks = 760,320."),
           hints=[known_wrong({
-              506880: "SwiGLU's feed-forward network has three matrices: the gate, the up and the down projection",
-              25344: "that is one block; the adapters are on all 30",
-              322560: "each adapter has two matrices: A (r × in) and B (out × r), r·(in + out) numbers",
-              437760: "each adapter has two matrices: A (r × in) and B (out × r), r·(in + out) numbers",
-              79626240: "LoRA does not train W itself: r·(in + out) numbers per matrix, not in · out",
+              506880: N_("SwiGLU's feed-forward network has three matrices: the gate, the up and the down projection"),
+              25344: N_("that is one block; the adapters are on all 30"),
+              322560: N_("each adapter has two matrices: A (r × in) and B (out × r), r·(in + out) numbers"),
+              437760: N_("each adapter has two matrices: A (r × in) and B (out × r), r·(in + out) numbers"),
+              79626240: N_("LoRA does not train W itself: r·(in + out) numbers per matrix, not in · out"),
           })])
 def smollm2_lora_parameters() -> int:
     """Trainable parameters of rank-4 LoRA on the three feed-forward matrices of all 30 SmolLM2 blocks."""
     return 30 * 3 * 4 * (576 + 1536)
 
 
-@question(explain="the gradient of A is (α/r)·Bᵀ·(…) and the gradient of B is (α/r)·(…)·A: with both zero, "
-                  "both gradients are zero and the adapter never moves.",
+@question(explain=N_("the gradient of A is (α/r)·Bᵀ·(…) and the gradient of B is (α/r)·(…)·A: with both zero, both "
+                     "gradients are zero and the adapter never moves."),
           hints=[known_wrong({
-              "a": ("both zero starts the model unchanged, but dL/dA has a factor B and dL/dB a factor A: "
-                    "look at what they are at step 0"),
-              "c": "0 · 0 = 0: the model would start unchanged",
-              "d": "nothing grows: with zero gradients nothing moves at all",
+              "a": (N_("both zero starts the model unchanged, but dL/dA has a factor B and dL/dB a factor A: look at "
+                       "what they are at step 0")),
+              "c": N_("0 · 0 = 0: the model would start unchanged"),
+              "d": N_("nothing grows: with zero gradients nothing moves at all"),
           })])
 def both_zero_choice() -> str:
     """Multiple choice: what happens if A and B both start at zero."""
     return "b"
 
 
-@question(explain="with π = π_ref both log-ratios are 0, so the margin is 0 and the loss is −log σ(0) = ln 2 ≈ 0.693, "
-                  "whatever β is.", atol=1e-3,
+@question(explain=N_("with π = π_ref both log-ratios are 0, so the margin is 0 and the loss is −log σ(0) = ln 2 ≈ "
+                     "0.693, whatever β is."), atol=1e-3,
           hints=[known_wrong({
-              0.0: "the loss is −log σ(margin) and σ(0) = 1/2, not 1",
-              0.5: "that is σ(0); the loss is −log σ(0)",
-              1.0: "−log σ(0) = log 2 in nats, not 1",
+              0.0: N_("the loss is −log σ(margin) and σ(0) = 1/2, not 1"),
+              0.5: N_("that is σ(0); the loss is −log σ(0)"),
+              1.0: N_("−log σ(0) = log 2 in nats, not 1"),
           })])
 def dpo_loss_at_start() -> float:
     """The DPO loss (nats) at the first step, when the policy is still the reference."""
     return math.log(2)
 
 
-@question(explain="the 12 answer tokens (the reading and the end marker) are predicted by the 12 positions "
-                  "before them; the 27 prompt tokens are given, not learned.",
+@question(explain=N_("the 12 answer tokens (the reading and the end marker) are predicted by the 12 positions before "
+                     "them; the 27 prompt tokens are given, not learned."),
           hints=[known_wrong({
-              39: "the prompt is left in the loss: only the answer is to be learned",
-              38: "the prompt is left in the loss: only the answer's tokens are targets",
-              11: "the end marker is an answer token too: the model must learn where to stop",
-              27: "those are the prompt's tokens, the ones left out",
+              39: N_("the prompt is left in the loss: only the answer is to be learned"),
+              38: N_("the prompt is left in the loss: only the answer's tokens are targets"),
+              11: N_("the end marker is an answer token too: the model must learn where to stop"),
+              27: N_("those are the prompt's tokens, the ones left out"),
           })])
 def answer_positions() -> int:
     """Positions in the SFT loss for a 27-token prompt and a 12-token answer."""
     return 12
 
 
-@question(explain="β multiplies the log-ratio inside the sigmoid: with a larger β a smaller move away from the "
-                  "reference already makes the loss small, so the policy stays closer to it (smaller KL).",
+@question(explain=N_("β multiplies the log-ratio inside the sigmoid: with a larger β a smaller move away from the "
+                     "reference already makes the loss small, so the policy stays closer to it (smaller KL)."),
           hints=[known_wrong({
-              "b": "a larger β saturates the sigmoid sooner: less movement is needed, not more",
-              "c": "β changes the loss and its gradient (−β σ(−βm)), so it changes how far the policy moves",
-              "d": "the reference is frozen whatever β is; β only sets how far the policy moves from it",
+              "b": N_("a larger β saturates the sigmoid sooner: less movement is needed, not more"),
+              "c": N_("β changes the loss and its gradient (−β σ(−βm)), so it changes how far the policy moves"),
+              "d": N_("the reference is frozen whatever β is; β only sets how far the policy moves from it"),
           })])
 def beta_choice() -> str:
     """Multiple choice: what a larger β does in DPO."""
@@ -248,7 +250,7 @@ def _learned_update(rank: int = 16, seed: int = 0, true_rank: int = 4, steps: in
     torch.manual_seed(seed)
     layer = lora.LoRALinear(base, rank, alpha=2.0 * rank)
     opt = torch.optim.Adam([layer.A, layer.B], lr=1e-2)
-    for _ in range(steps):
+    for _step in range(steps):
         loss = F.mse_loss(layer(x), y)
         opt.zero_grad()
         loss.backward()
@@ -257,15 +259,15 @@ def _learned_update(rank: int = 16, seed: int = 0, true_rank: int = 4, steps: in
         return layer.delta_weight()
 
 
-@question(explain="the adapter may use 16 directions but the data only asks for 4: B starts at zero, every step "
-                  "moves B A toward the rank-4 residual, so the learned ΔW has four singular values near the true "
-                  "ones and the rest below 1% of the largest.",
+@question(explain=N_("the adapter may use 16 directions but the data only asks for 4: B starts at zero, every step "
+                     "moves B A toward the rank-4 residual, so the learned ΔW has four singular values near the true "
+                     "ones and the rest below 1% of the largest."),
           hints=[known_wrong({
-              16: "that is the adapter's rank, an upper bound; count the singular values of (α/r)·B A itself",
-              15: "that counts A's singular values: A starts random and full-rank; count those of (α/r)·B A",
-              7: "that counts B's singular values alone; the update is the product (α/r)·B A",
-              31: "that counts the merged weight W + ΔW, whose W is full-rank; count ΔW = (α/r)·B A alone",
-              32: "that counts the merged weight W + ΔW, whose W is full-rank; count ΔW = (α/r)·B A alone",
+              16: N_("that is the adapter's rank, an upper bound; count the singular values of (α/r)·B A itself"),
+              15: N_("that counts A's singular values: A starts random and full-rank; count those of (α/r)·B A"),
+              7: N_("that counts B's singular values alone; the update is the product (α/r)·B A"),
+              31: N_("that counts the merged weight W + ΔW, whose W is full-rank; count ΔW = (α/r)·B A alone"),
+              32: N_("that counts the merged weight W + ΔW, whose W is full-rank; count ΔW = (α/r)·B A alone"),
           })])
 def learned_rank() -> int:
     """Experiment: how many singular values of the update a rank-16 LoRA learned exceed 1% of the largest."""
