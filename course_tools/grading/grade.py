@@ -186,9 +186,12 @@ def manual_scores(base: nbformat.NotebookNode, parsed: submission.Parsed) -> lis
 
 def overall_status(sub: Submission, job: Job, run_status: str) -> str:
     problems = "; ".join(f"{k}: {v}" for k, v in job.problems.items())
+    if run_status == "timeout":
+        return messages.N_("notebook timeout; {problems}", problems=problems) if problems \
+            else messages.N_("notebook timeout")
     if run_status != "finished":
-        return messages.N_("notebook {status}; {problems}", status=run_status, problems=problems) if problems \
-            else messages.N_("notebook {status}", status=run_status)
+        return messages.N_("notebook crashed; {problems}", problems=problems) if problems \
+            else messages.N_("notebook crashed")
     if problems:
         return messages.N_("graded with problems: {problems}", problems=problems)
     if sub.exercises and all(e.status == checks.NOT_ATTEMPTED for e in sub.exercises if not e.pending):
