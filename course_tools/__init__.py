@@ -11,9 +11,9 @@ Subpackages, one per job:
 - ``dev``: ``course-dev``, the developers' tools that learners never need: the benchmarks
   (``course-dev bench cpu|gpu|llama-cpp``) and the one-call GPU check (``course-dev gpu-check``).
 
-Four modules stand alone: ``messages`` speaks the learner's language in checks and feedback (read by the
-kernel and the grader alike, from the compiled catalogues in ``locale/``), ``particles`` picks the Korean
-particle that fits a value filled into a message, ``notebook_exec`` executes a notebook in a kernel (for ``course run`` and the
-grading worker) and ``shipped_model`` trains and exports the GPT shipped in ``course_utils/pretrained``.
-Nothing in ``course_utils`` imports this package.
+Four modules stand alone: ``messages`` speaks the learner's language in checks and feedback (read by
+the kernel and the grader alike, from the compiled catalogues in ``locale/``), ``particles`` picks the
+Korean particle that fits a value filled into a message, ``notebook_exec`` executes a notebook in a
+kernel (for ``course run`` and the grading worker) and ``shipped_model`` trains and exports the GPT
+shipped in ``course_utils/pretrained``. Nothing in ``course_utils`` imports this package.
 """
