@@ -115,7 +115,7 @@ def test_a_new_message_is_reported_untranslated(tmp_path):
 
 def test_a_wrong_answer_gets_korean_feedback_in_process(in_korean):
     text = printed(check.flatten_tokens, lambda x: x.transpose(0, 1).reshape(-1, x.shape[-1]))
-    assert text.startswith("flatten_tokens: 사례 3개 중 1개 통과(일부 사례 실패)")
+    assert text.startswith("flatten_tokens: 경우 3개 중 1개 통과(일부 경우 실패)")
     assert f"— 힌트: {ORDER_HINT}" in text and "hint" not in text
     text = printed(check.merged_heads_shape, (8, 5, 12))
     assert text.splitlines() == ["merged_heads_shape: 아직 틀렸습니다",
@@ -206,7 +206,7 @@ def test_a_wrong_answer_in_a_korean_exercise_notebook_gets_korean_feedback_in_a_
                                           copy.deepcopy(check_cell)], metadata=nb.metadata)
     NotebookClient(run, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     text = "".join(o.get("text", "") for o in run.cells[2].outputs)
-    assert text.startswith("flatten_tokens: 사례 3개 중 1개 통과(일부 사례 실패)") and f"— 힌트: {ORDER_HINT}" in text
+    assert text.startswith("flatten_tokens: 경우 3개 중 1개 통과(일부 경우 실패)") and f"— 힌트: {ORDER_HINT}" in text
 
 
 def test_course_grade_writes_korean_feedback_for_a_korean_submission(tmp_path):

@@ -339,7 +339,7 @@ def trained_reference_model(state: Any) -> gpt.GPT:
     vocab, _ = shakespeare_splits()
     model = reference_module("gpt", dict(TRAIN_SIZES, vocab_size=vocab))
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ValueError("trained_weights must return the model's state_dict() (names -> tensors)")
+        raise ValueError(N_("trained_weights must return the model's state_dict() (names -> tensors)"))
     want = {k: v.shape for k, v in to_learner_names(model.state_dict()).items()}
     missing, extra = sorted(set(want) - set(state)), sorted(set(state) - set(want))
     if missing or extra:
