@@ -6,9 +6,10 @@ and ``N_n``, ``course_tools.messages.KEYWORDS``) and the notebooks (``extract_no
 extracts them, merges them into ``translations/<lang>/LC_MESSAGES/course.po`` as ``pybabel update``
 does (a message whose English changed keeps its old translation marked "fuzzy"; a new one comes in
 untranslated) and compiles the PO file into ``course_tools/locale/<lang>/LC_MESSAGES/course.mo``,
-which ``course_tools.messages`` reads with the standard library. Babel is a developer's tool: a
-learner's kernel only reads the compiled file. ``--check`` reports every fuzzy or untranslated
-entry and a translation that drops or renames a placeholder. Developer tools: Babel is imported here only.
+which ``course_tools.messages`` reads with the standard library. Babel is a developer's tool, imported
+only here and only inside the functions that need it: a learner's kernel reads the compiled file alone.
+``--check`` reports every fuzzy or untranslated entry, a translation that drops or renames a
+placeholder, and a particle pair that follows no placeholder.
 """
 
 from __future__ import annotations
