@@ -18,6 +18,7 @@ import ast
 import io
 import json
 from collections.abc import Iterator
+from functools import cache
 from pathlib import Path
 from typing import IO, Any
 
@@ -111,9 +112,23 @@ def merged(root: Path, lang: str):
     return catalog
 
 
+@cache
+def _steady() -> type:
+    """Babel's catalogue without Babel's version in its header (``Generated-By``), so that the PO and MO
+    files a build writes do not depend on which Babel the developer has."""
+    from babel.messages.catalog import Catalog
+
+    class Steady(Catalog):
+        def _get_mime_headers(self) -> list[tuple[str, str]]:
+            return [(name, value) for name, value in super()._get_mime_headers() if name != "Generated-By"]
+
+    return Steady
+
+
 def po_text(catalog) -> str:
     from babel.messages.pofile import write_po
 
+    catalog.__class__ = _steady()
     out = io.BytesIO()
     write_po(out, catalog, width=100, include_lineno=False, ignore_obsolete=True, sort_output=True)
     return out.getvalue().decode("utf-8")
@@ -123,6 +138,7 @@ def mo_bytes(catalog) -> bytes:
     """The compiled catalogue (fuzzy entries left out, as ``pybabel compile`` does)."""
     from babel.messages.mofile import write_mo
 
+    catalog.__class__ = _steady()
     out = io.BytesIO()
     write_mo(out, catalog, use_fuzzy=False)
     return out.getvalue()
