@@ -13,7 +13,6 @@ also what PyTorch's own kernel returns.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Protocol
 
@@ -272,29 +271,27 @@ def with_alibi(mask: torch.Tensor | None, n_heads: int, T: int, S: int, dtype: t
     return mask.to(dtype) + bias
 
 
-def rotate_qk(q: torch.Tensor, k: torch.Tensor, offset: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoPE (lesson 09) on q (B, H, T, d) and k (B, H_kv, T, d) at positions offset .. offset + T − 1:
-    ``positional.apply_rope`` on both, with one cos/sin table for the two (``rope_table``)."""
-    T, d = q.shape[-2], q.shape[-1]
-    if torch.compiler.is_compiling():  # a compiled graph holds the table itself; no Python-side memo inside it
-        cos, sin = rope_angles(torch.arange(offset, offset + T, device=q.device), d, base, q.dtype)
-    else:
-        cos, sin = rope_table(offset, T, d, base, q.dtype, q.device, torch.is_inference_mode_enabled())
-    return rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)
+RopeTable = tuple[torch.Tensor, torch.Tensor]  # RoPE's (cos, sin), (T, d/2) each
 
 
-@functools.lru_cache(maxsize=16)
-def rope_table(offset: int, T: int, d: int, base: float, dtype: torch.dtype, device: torch.device,
-               inference_mode: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin (T, d/2) of ``positional.rope_angles`` at positions offset .. offset + T − 1, kept.
+def rope_table(offset: int, T: int, d: int, base: float, dtype: torch.dtype,
+               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE's cos and sin (T, d/2) at positions offset .. offset + T − 1 (``positional.rope_angles``).
 
-    Every block of one forward pass asks for the same table (the same positions), so it is computed
-    once, not once per block: this is what Hugging Face's rotary module does once per forward, and
-    it is about a tenth of a decoding step of a 30-block model. ``inference_mode`` is part of the
-    key because a table made under ``torch.inference_mode`` cannot be saved for a backward pass.
+    Every block of one forward pass rotates by the same angles, so a model computes this once per
+    forward and hands it to each attention layer (``GPT.forward``, as Hugging Face's LLaMA does);
+    an attention layer used alone computes its own.
     """
-    positions = torch.arange(offset, offset + T, device=device)
-    return rope_angles(positions, d, base, dtype)
+    return rope_angles(torch.arange(offset, offset + T, device=device), d, base, dtype)
+
+
+def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+              sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE (lesson 09) on q (B, H, T, d) and k (B, H_kv, T, d) with one cos/sin table (T, d/2) for
+    both (``rope_table``): ``positional.rotate_pairs`` on each. The table is cast to q's dtype
+    (a no-op unless the caller made it in another precision)."""
+    cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+    return rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)
 
 
 class MultiHeadAttention(nn.Module):
@@ -306,7 +303,7 @@ class MultiHeadAttention(nn.Module):
     heads). Later lessons add one line each: a KV cache (07), ALiBi's bias (``alibi``, 05), RoPE
     (``rope_base``, 09) and grouped-query attention (``n_kv_heads`` H_kv < H, 09: query head i reads
     key/value head i // (H / H_kv), so a cache stores only H_kv heads). ``sdpa`` picks the path of
-    ``attend``; asking for the weights always takes the explicit one.
+    ``attend``; ``forward_with_weights`` always takes the explicit one.
     """
 
     def __init__(self, d_model: int, n_heads: int, d_k: int | None = None, d_v: int | None = None,
@@ -339,20 +336,44 @@ class MultiHeadAttention(nn.Module):
         return self.n_heads // self.n_kv_heads
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False,
-                need_weights: bool = False,
-                kv_cache: Cache | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """x (B, T, D) -> out (B, T, D), or (out, weights (B, H, T, S)) with ``need_weights``.
+                kv_cache: Cache | None = None, rope: RopeTable | None = None) -> torch.Tensor:
+        """x (B, T, D) -> out (B, T, D), on the path ``sdpa`` picks (``forward_with_weights`` also
+        returns the weights).
 
         ``mask`` broadcasts to (B, H, T, S); a 3-D mask is read as (B, T, S) and shared by the heads.
         With ``kv_cache`` the new keys/values are appended to the cache and the T new queries attend
-        to all S cached positions (a causal mask stays aligned bottom-right).
+        to all S cached positions (a causal mask stays aligned bottom-right). ``rope`` is the
+        (cos, sin) table of the T new positions (``rope_table``) that a model computes once for all
+        its layers; a RoPE layer called without one computes its own.
         """
+        q, k, v, mask = self._heads(x, mask, kv_cache, rope)
+        p = self.dropout if self.training else 0.0
+        return self.W_O(merge_heads(attend(q, k, v, mask, causal, dropout_p=p, sdpa=self.sdpa,
+                                           group_size=self.group_size)))
+
+    def forward_with_weights(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False,
+                             kv_cache: Cache | None = None,
+                             rope: RopeTable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Like ``forward``, also returning the attention weights: (out (B, T, D), weights (B, H, T, S)).
+        Always the explicit path (PyTorch's fused kernel keeps no weights); the same numbers."""
+        q, k, v, mask = self._heads(x, mask, kv_cache, rope)
+        p = self.dropout if self.training else 0.0
+        h, weights = explicit_attention(q, k, v, mask, causal, dropout_p=p, group_size=self.group_size)
+        return self.W_O(merge_heads(h)), weights
+
+    def _heads(self, x: torch.Tensor, mask: torch.Tensor | None, kv_cache: Cache | None,
+               rope: RopeTable | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """q (B, H, T, d_k), k (B, H_kv, S, d_k), v (B, H_kv, S, d_v) with RoPE and the cache applied,
+        and the mask checked (plus ALiBi's bias): everything before the attention itself."""
         _check_input(x, self.d_model)
         q = split_heads(self.W_Q(x), self.n_heads)     # (B, H, T, d_k)
         k = split_heads(self.W_K(x), self.n_kv_heads)  # (B, H_kv, T, d_k)
         v = split_heads(self.W_V(x), self.n_kv_heads)  # (B, H_kv, T, d_v)
         if self.rope_base is not None:
-            q, k = rotate_qk(q, k, 0 if kv_cache is None else len(kv_cache), self.rope_base)
+            offset = 0 if kv_cache is None else len(kv_cache)
+            if rope is None:
+                rope = rope_table(offset, q.shape[-2], self.d_k, self.rope_base, q.dtype, q.device)
+            q, k = rotate_qk(q, k, *rope)
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)  # (B, H_kv, S, d): the earlier tokens' keys and values too
         T, S = q.shape[-2], k.shape[-2]
@@ -361,9 +382,4 @@ class MultiHeadAttention(nn.Module):
             _check_mask(mask, torch.Size((x.shape[0], self.n_heads, T, S)))
         if self.alibi:
             mask = with_alibi(mask, self.n_heads, T, S, q.dtype, x.device)
-        p = self.dropout if self.training else 0.0
-        if need_weights:
-            h, weights = explicit_attention(q, k, v, mask, causal, dropout_p=p, group_size=self.group_size)
-            return self.W_O(merge_heads(h)), weights
-        return self.W_O(merge_heads(attend(q, k, v, mask, causal, dropout_p=p, sdpa=self.sdpa,
-                                           group_size=self.group_size)))
+        return q, k, v, mask

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_utils.attention import Cache, MultiHeadAttention
+from course_utils.attention import Cache, MultiHeadAttention, RopeTable
 from course_utils.config import ACTIVATIONS, NORMS
 
 
@@ -164,10 +164,11 @@ class TransformerBlock(nn.Module):
         self.dropout = nn.Dropout(dropout)  # on the attention output, as GPT-2/BERT do (the FFN has its own)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False,
-                kv_cache: Cache | None = None) -> torch.Tensor:
-        """(B, T, D) -> (B, T, D). ``mask``/``causal``/``kv_cache`` go to the attention."""
+                kv_cache: Cache | None = None, rope: RopeTable | None = None) -> torch.Tensor:
+        """(B, T, D) -> (B, T, D). ``mask``/``causal``/``kv_cache`` and the model's RoPE table
+        ``rope`` (``attention.rope_table``) go to the attention."""
         def attend(h: torch.Tensor) -> torch.Tensor:
-            return self.dropout(self.attn(h, mask=mask, causal=causal, kv_cache=kv_cache))
+            return self.dropout(self.attn(h, mask=mask, causal=causal, kv_cache=kv_cache, rope=rope))
 
         x = self._sublayer(x, attend, self.norm1)
         return x if self.ffn is None else self._sublayer(x, self.ffn, self.norm2)

@@ -147,34 +147,35 @@ class TransformerEncoder(nn.Module):
         return extended_attention_mask(attention_mask)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None, causal: bool = False,
-                all_layers: bool = False) -> torch.Tensor | list[torch.Tensor]:
-        """input_ids (B, T) -> contextual vectors (B, T, D).
+                token_type_ids: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
+        """input_ids (B, T) -> contextual vectors (B, T, D), the last block's output."""
+        return self.hidden_states(input_ids, attention_mask, token_type_ids, causal)[-1]
 
-        With ``all_layers=True`` returns the L + 1 tensors (B, T, D): the embedding output, then the
-        output of every block.
-        """
+    def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                      token_type_ids: torch.Tensor | None = None, causal: bool = False) -> list[torch.Tensor]:
+        """input_ids (B, T) -> the L + 1 tensors (B, T, D): the embedding output, then the output of
+        every block (``forward`` returns the last)."""
         mask = self._mask(input_ids, attention_mask)
         x = self.embeddings(input_ids, token_type_ids)
         states = [x]
         for block in self.blocks:
             x = block(x, mask=mask, causal=causal)
             states.append(x)
-        return states if all_layers else x
+        return states
 
     @torch.no_grad()
     def attention_weights(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                           token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         """The attention weights of every head of every layer: (L, B, H, T, T), rows summing to 1.
 
-        Each block's attention runs once more with ``need_weights=True`` on that block's input
+        Each block's attention runs once more (``forward_with_weights``) on that block's input
         (for looking at heads, so without gradients).
         """
         mask = self._mask(input_ids, attention_mask)
         x = self.embeddings(input_ids, token_type_ids)
         weights = []
         for block in self.blocks:
-            weights.append(block.attn(x, mask=mask, need_weights=True)[1])
+            weights.append(block.attn.forward_with_weights(x, mask=mask)[1])
             x = block(x, mask=mask)
         return torch.stack(weights)
 
@@ -317,9 +318,14 @@ class SentenceEncoder:
                      [[t for t, m in zip(e.tokens, e.attention_mask, strict=True) if m] for e in enc])
 
     @torch.no_grad()
-    def token_vectors(self, batch: Batch, all_layers: bool = False) -> torch.Tensor | list[torch.Tensor]:
-        """Contextual token vectors (B, T, D) of a batch (or all L + 1 layers' with ``all_layers``)."""
-        return self.model(batch.input_ids, batch.attention_mask, batch.token_type_ids, all_layers=all_layers)
+    def token_vectors(self, batch: Batch) -> torch.Tensor:
+        """Contextual token vectors (B, T, D) of a batch: the last layer's."""
+        return self.model(batch.input_ids, batch.attention_mask, batch.token_type_ids)
+
+    @torch.no_grad()
+    def layer_vectors(self, batch: Batch) -> list[torch.Tensor]:
+        """The token vectors (B, T, D) of all L + 1 layers: the embeddings, then every block's output."""
+        return self.model.hidden_states(batch.input_ids, batch.attention_mask, batch.token_type_ids)
 
     @torch.no_grad()
     def encode(self, sentences: Sequence[str], normalize: bool = True) -> torch.Tensor:

@@ -53,18 +53,26 @@ class CrossAttention(nn.Module):
         return split_heads(self.W_K(memory), self.n_heads), split_heads(self.W_V(memory), self.n_heads)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None,
-                src_keep: torch.Tensor | None = None, need_weights: bool = False,
-                memory_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
-                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """x (B, T, D), memory (B, S, D), src_keep (B, S) -> out (B, T, D) [, weights (B, H, T, S)]."""
-        if (memory is None) == (memory_kv is None):
+                src_keep: torch.Tensor | None = None,
+                memory_kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """x (B, T, D), memory (B, S, D), src_keep (B, S) -> out (B, T, D)."""
+        return self.forward_with_weights(x, memory, src_keep, memory_kv)[0]
+
+    def forward_with_weights(self, x: torch.Tensor, memory: torch.Tensor | None = None,
+                             src_keep: torch.Tensor | None = None,
+                             memory_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Like ``forward``, also returning the weights: (out (B, T, D), weights (B, H, T, S))."""
+        if memory is not None and memory_kv is None:
+            k, v = self.project_memory(memory)
+        elif memory is None and memory_kv is not None:
+            k, v = memory_kv
+        else:
             raise ValueError("pass exactly one of memory (B, S, D) or memory_kv (its projected keys and values)")
-        k, v = self.project_memory(memory) if memory_kv is None else memory_kv
         q = split_heads(self.W_Q(x), self.n_heads)                    # (B, H, T, d_k)
         p = self.dropout if self.training else 0.0
         h, weights = scaled_dot_product_attention(q, k, v, key_mask(src_keep), dropout_p=p)
-        out = self.W_O(merge_heads(h))
-        return (out, weights) if need_weights else out
+        return self.W_O(merge_heads(h)), weights
 
 
 class DecoderBlock(nn.Module):
@@ -88,17 +96,22 @@ class DecoderBlock(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, memory_kv: tuple[torch.Tensor, torch.Tensor],
-                src_keep: torch.Tensor | None = None, kv_cache: KVCache | None = None,
-                need_weights: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """x (B, T, D), the block's projected memory (keys, values) -> (B, T, D) [, cross weights].
+                src_keep: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
+        """x (B, T, D), the block's projected memory (keys, values) -> (B, T, D).
 
         With ``kv_cache`` the T new positions attend to every earlier one kept in the cache.
         """
+        return self.forward_with_weights(x, memory_kv, src_keep, kv_cache)[0]
+
+    def forward_with_weights(self, x: torch.Tensor, memory_kv: tuple[torch.Tensor, torch.Tensor],
+                             src_keep: torch.Tensor | None = None,
+                             kv_cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Like ``forward``, also returning the cross-attention weights (B, H, T, S)."""
         def self_attn(h: torch.Tensor) -> torch.Tensor:
             return self.dropout(self.self_attn(h, causal=True, kv_cache=kv_cache))
 
         def cross_attn(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            out, w = self.cross_attn(h, src_keep=src_keep, memory_kv=memory_kv, need_weights=True)
+            out, w = self.cross_attn.forward_with_weights(h, src_keep=src_keep, memory_kv=memory_kv)
             return self.dropout(out), w
 
         if self.norm_first:
@@ -111,7 +124,7 @@ class DecoderBlock(nn.Module):
             a, weights = cross_attn(x)
             x = self.norm2(x + a)
             x = self.norm3(x + self.ffn(x))
-        return (x, weights) if need_weights else x
+        return x, weights
 
 
 class Transformer(nn.Module):
@@ -155,16 +168,20 @@ class Transformer(nn.Module):
         return [block.cross_attn.project_memory(memory) for block in self.decoder.blocks]
 
     def decode(self, tgt: torch.Tensor, memory_kv: list[tuple[torch.Tensor, torch.Tensor]],
-               src_keep: torch.Tensor | None = None, kv_caches: list[KVCache] | None = None,
-               need_weights: bool = False) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
-        """tgt (B, T, D) -> (B, T, D) [, every block's cross-attention weights (B, H, T, S)]."""
-        caches = kv_caches or [None] * len(self.decoder.blocks)
+               src_keep: torch.Tensor | None = None, kv_caches: list[KVCache] | None = None) -> torch.Tensor:
+        """tgt (B, T, D) -> (B, T, D)."""
+        return self.decode_with_weights(tgt, memory_kv, src_keep, kv_caches)[0]
+
+    def decode_with_weights(self, tgt: torch.Tensor, memory_kv: list[tuple[torch.Tensor, torch.Tensor]],
+                            src_keep: torch.Tensor | None = None, kv_caches: list[KVCache] | None = None,
+                            ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Like ``decode``, also returning every block's cross-attention weights (B, H, T, S)."""
+        caches: list[KVCache | None] = list(kv_caches) if kv_caches else [None] * len(self.decoder.blocks)
         maps = []
         for block, kv, cache in zip(self.decoder.blocks, memory_kv, caches, strict=True):
-            tgt, weights = block(tgt, kv, src_keep, kv_cache=cache, need_weights=True)
+            tgt, weights = block.forward_with_weights(tgt, kv, src_keep, kv_cache=cache)
             maps.append(weights)
-        out = self.decoder.final_norm(tgt)
-        return (out, maps) if need_weights else out
+        return self.decoder.final_norm(tgt), maps
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor, src_pad: torch.Tensor | None = None) -> torch.Tensor:
         """src (B, S, D), tgt (B, T, D), src_pad (B, S) True = padding -> (B, T, D).
@@ -295,18 +312,22 @@ class EncoderDecoder(nn.Module):
         memory = self.transformer.encode(self.src_embedding(src), src_keep)
         return self.transformer.memory_kv(memory), src_keep
 
-    def decode(self, tgt_in: torch.Tensor, memory_kv: list, src_keep: torch.Tensor,
-               kv_caches: list[KVCache] | None = None, need_weights: bool = False):
-        """tgt_in ids (B, T) -> logits (B, T, V) [, cross-attention weights per block (B, H, T, S)].
+    def decode(self, tgt_in: torch.Tensor, memory_kv: list[tuple[torch.Tensor, torch.Tensor]],
+               src_keep: torch.Tensor, kv_caches: list[KVCache] | None = None) -> torch.Tensor:
+        """tgt_in ids (B, T) -> logits (B, T, V).
 
         With ``kv_caches`` the T ids continue the ones already cached (their positions start there).
         """
+        return self.decode_with_weights(tgt_in, memory_kv, src_keep, kv_caches)[0]
+
+    def decode_with_weights(self, tgt_in: torch.Tensor, memory_kv: list[tuple[torch.Tensor, torch.Tensor]],
+                            src_keep: torch.Tensor, kv_caches: list[KVCache] | None = None,
+                            ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Like ``decode``, also returning the cross-attention weights of every block (B, H, T, S)."""
         offset = len(kv_caches[0]) if kv_caches else 0
-        out = self.transformer.decode(self.tgt_embedding(tgt_in, offset), memory_kv, src_keep, kv_caches,
-                                      need_weights)
-        if need_weights:
-            return self.lm_head(out[0]), out[1]
-        return self.lm_head(out)
+        out, maps = self.transformer.decode_with_weights(self.tgt_embedding(tgt_in, offset), memory_kv, src_keep,
+                                                         kv_caches)
+        return self.lm_head(out), maps
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """src (B, S), tgt_in (B, T) ids -> logits (B, T, V)."""

@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from course_utils import convert
-from course_utils.attention import ModelKVCache, MultiHeadAttention
-from course_utils.blocks import FeedForward, TransformerBlock, make_norm
+from course_utils.attention import ModelKVCache, MultiHeadAttention, RopeTable, rope_table
+from course_utils.blocks import FeedForward, LayerNorm, RMSNorm, TransformerBlock, make_norm
 from course_utils.config import GPTConfig
 from course_utils.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 
@@ -70,18 +70,27 @@ class GPT(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """GPT-2's initialisation: N(0, 0.02) weights and embeddings, zero biases, and the two
-        projections that write into the residual stream scaled by 1/√(2L), so the stream's
-        variance does not grow with depth (each block adds two such terms)."""
-        for name, p in self.named_parameters():
-            if name.endswith("bias") or name.endswith("beta"):
-                nn.init.zeros_(p)
-            elif name.endswith("gamma"):
-                nn.init.ones_(p)
-            elif name.endswith(("attn.W_O.weight", "ffn.W_out.weight")):
-                nn.init.normal_(p, 0.0, INIT_STD / math.sqrt(2 * self.config.n_layers))
-            else:
-                nn.init.normal_(p, 0.0, INIT_STD)
+        """GPT-2's initialisation, by module type (as nanoGPT does): N(0, 0.02) for the weights of
+        linear layers and embedding tables, zero biases, norms at γ = 1, β = 0; and the two
+        projections that write into the residual stream (each block's ``attn.W_O`` and ``ffn.W_out``)
+        at 0.02/√(2L), so the stream's variance does not grow with depth (each block adds two such
+        terms). Modules are visited in registration order, so the random draws come in the order of
+        ``named_parameters()``."""
+        residual = {block.attn.W_O for block in self.blocks} | {block.ffn.W_out for block in self.blocks
+                                                                 if block.ffn is not None}
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                std = INIT_STD / math.sqrt(2 * self.config.n_layers) if module in residual else INIT_STD
+                nn.init.normal_(module.weight, 0.0, std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, (nn.Embedding, LearnedPositionalEmbedding)):
+                nn.init.normal_(module.weight, 0.0, INIT_STD)
+            elif isinstance(module, LayerNorm):
+                nn.init.ones_(module.gamma)
+                nn.init.zeros_(module.beta)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.gamma)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 kv_cache: ModelKVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -96,8 +105,9 @@ class GPT(nn.Module):
         if self.position_embedding is not None:  # (T, D); .to(x): fixed sinusoids are made on the CPU in float32
             x = x + self.position_embedding(idx.shape[1], offset).to(x)
         x = self.drop(x)
+        rope = self._rope(offset, idx.shape[1], x)
         for i, block in enumerate(self.blocks):
-            x = block(x, causal=True, kv_cache=None if kv_cache is None else kv_cache[i])
+            x = block(x, causal=True, kv_cache=None if kv_cache is None else kv_cache[i], rope=rope)
         x = self.final_norm(x)
         # (B, T, V): tied to W_emb, or the model's own lm_head
         logits = F.linear(x, self.token_embedding.weight) if self.lm_head is None else self.lm_head(x)
@@ -108,6 +118,17 @@ class GPT(nn.Module):
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
         return logits, loss
 
+    def _rope(self, offset: int, T: int, x: torch.Tensor) -> RopeTable | None:
+        """RoPE's cos/sin table of the T positions from ``offset``, computed once for every block
+        (None without RoPE), in the precision the queries will have: autocast's, else x's."""
+        c = self.config
+        if c.position != "rope":
+            return None
+        device = x.device.type
+        autocast = torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
+        dtype = torch.get_autocast_dtype(device) if autocast else x.dtype
+        return rope_table(offset, T, c.d_head, c.rope_base, dtype, x.device)
+
     def _check_idx(self, idx: torch.Tensor, offset: int) -> None:
         """Reject what the lookups would fail on, instead of PyTorch's bare "index out of range in self"."""
         c = self.config
@@ -117,7 +138,9 @@ class GPT(nn.Module):
         if c.position == "learned" and offset + idx.shape[1] > c.max_len:
             raise ValueError(f"sequence of {offset + idx.shape[1]} tokens is longer than the context "
                              f"max_len={c.max_len}; crop it to the last {c.max_len} tokens, e.g. idx[:, -max_len:]")
-        if idx.numel() and not torch.compiler.is_compiling():  # reading values would split a compiled graph
+        # the values are read only where they already are in host memory: on an accelerator reading them
+        # would wait for the device at every forward, and in a compiled graph it would split the graph
+        if idx.device.type == "cpu" and idx.numel() and not torch.compiler.is_compiling():
             low, high = (int(v) for v in torch.aminmax(idx))
             if low < 0 or high >= c.vocab_size:
                 raise ValueError(f"token ids must lie in [0, vocab_size={c.vocab_size}), got ids from {low} to "

@@ -306,7 +306,7 @@ def test_all_heads_at_once_equal_one_at_a_time_on_both_paths(B, T, width, kind):
     x = torch.randn(B, T, d_model, generator=g)
     mask, causal = mha_mask(kind, B, T, H, g)
     out_loop, w_loop = one_head_at_a_time(mha, x, mask, causal)
-    out_explicit, w_explicit = mha(x, mask, causal, need_weights=True)
+    out_explicit, w_explicit = mha.forward_with_weights(x, mask, causal)
     out_sdpa = mha(x, mask, causal)
     explicit = MultiHeadAttention(d_model, H, d_k=d_k, d_v=d_v, sdpa=False).eval()  # the path, chosen when built
     explicit.load_state_dict(mha.state_dict())
@@ -345,7 +345,7 @@ def test_matches_torch_multihead_attention(B, T, d_model, H, bias, kind, sdpa):
     if kind == "padding":
         keep = padding_mask(random_lengths(B, T, g), T)
         mask, kwargs["key_padding_mask"] = keep[:, None, None, :], ~keep
-    out, w = mha(x, mask, causal, need_weights=True)
+    out, w = mha.forward_with_weights(x, mask, causal)
     ref_out, ref_w = ref(x, x, x, need_weights=True, average_attn_weights=True, **kwargs)
     assert max_err(out, ref_out) <= TOL and max_err(mha(x, mask, causal), ref_out) <= TOL
     assert max_err(w.mean(dim=1), ref_w) <= TOL
@@ -391,7 +391,7 @@ def test_kv_cache_matches_full_causal_pass(sdpa):
     cache = KVCache()
     mha(x[:, :5], causal=True, kv_cache=cache)
     assert max_err(mha(x[:, 5:], causal=True, kv_cache=cache), full[:, 5:]) <= TOL
-    _, weights = mha(x[:, 5:], causal=True, need_weights=True, kv_cache=KVCache())
+    _, weights = mha.forward_with_weights(x[:, 5:], causal=True, kv_cache=KVCache())
     assert weights.shape == (2, 4, 2, 2)
 
 
@@ -418,7 +418,7 @@ def test_dropout_active_only_in_training():
     x = torch.randn(2, 6, 8)
     mha.train()
     assert max_err(mha(x), mha.eval()(x)) > 1e-3
-    assert torch.equal(mha(x), mha(x)) and max_err(mha(x, need_weights=True)[0], mha(x)) <= TOL
+    assert torch.equal(mha(x), mha(x)) and max_err(mha.forward_with_weights(x)[0], mha(x)) <= TOL
 
 
 def test_fully_masked_padding_row_on_both_paths():
@@ -426,7 +426,7 @@ def test_fully_masked_padding_row_on_both_paths():
     mha = MultiHeadAttention(8, 2).eval()
     x = torch.randn(2, 3, 8)
     mask = padding_mask([3, 0], 3)[:, None, None, :]  # the second sequence is all padding
-    outs = [one_head_at_a_time(mha, x, mask, False)[0], mha(x, mask, need_weights=True)[0], mha(x, mask)]
+    outs = [one_head_at_a_time(mha, x, mask, False)[0], mha.forward_with_weights(x, mask)[0], mha(x, mask)]
     for out in outs:
         assert torch.isfinite(out).all()
         assert max_err(out[1], mha.W_O.bias.expand(3, 8)) <= TOL  # zero attention output, then + bias
@@ -444,11 +444,11 @@ def test_multi_head_attention_errors():
     with pytest.raises(ValueError, match=r"x\[None\]"):
         mha(torch.randn(5, 8))
     x = torch.randn(2, 5, 8)
-    for need_weights in (True, False):
+    for call in (mha, mha.forward_with_weights):
         with pytest.raises(ValueError, match=r"mask of shape \(4, 4\) does not broadcast"):
-            mha(x, torch.ones(4, 4, dtype=torch.bool), need_weights=need_weights)
+            call(x, torch.ones(4, 4, dtype=torch.bool))
         with pytest.raises(ValueError, match="does not broadcast"):
-            mha(x, torch.ones(2, 3, 5, 5, dtype=torch.bool), need_weights=need_weights)
+            call(x, torch.ones(2, 3, 5, 5, dtype=torch.bool))
     with pytest.raises(ValueError, match="n_kv_heads=3 must divide n_heads=2"):
         MultiHeadAttention(8, 2, n_kv_heads=3)
     with pytest.raises(ValueError, match="either RoPE"):
@@ -581,8 +581,8 @@ def test_rope_with_a_cache_continues_counting_positions(sdpa):
                                                             for t in range(3, 7)]
     assert max_err(torch.cat(parts, dim=1), full) <= TOL
     shifted = torch.cat([torch.randn(2, 2, 16), x[:, :3]], dim=1)  # the same three tokens, two positions later
-    _, w_start = mha(x[:, :3], causal=True, need_weights=True)
-    _, w_later = mha(shifted, causal=True, need_weights=True)
+    _, w_start = mha.forward_with_weights(x[:, :3], causal=True)
+    _, w_later = mha.forward_with_weights(shifted, causal=True)
     # relative positions only: the last token's weights over the three tokens have the same ratios
     ratio = lambda w: w / w.sum(-1, keepdim=True)
     assert max_err(ratio(w_start[:, :, 2, :3]), ratio(w_later[:, :, 4, 2:5])) <= 1e-4

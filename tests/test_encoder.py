@@ -103,11 +103,11 @@ def test_mean_pool_checks_shapes():
 
 # --- the encoder on random weights -----------------------------------------------------------------
 
-def test_forward_shapes_and_all_layers():
+def test_forward_shapes_and_hidden_states():
     model = tiny_encoder()
     ids = torch.randint(0, 50, (3, 7))
     assert model(ids).shape == (3, 7, 8)
-    states = model(ids, all_layers=True)
+    states = model.hidden_states(ids)
     assert len(states) == 3 and all(s.shape == (3, 7, 8) for s in states)
     torch.testing.assert_close(states[-1], model(ids))
 
@@ -280,7 +280,7 @@ def test_token_vectors_attention_and_pooler_match_bert(minilm, reference):
     with torch.no_grad():
         out = bert(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                    token_type_ids=batch.token_type_ids, output_hidden_states=True, output_attentions=True)
-        ours = minilm.token_vectors(batch, all_layers=True)
+        ours = minilm.layer_vectors(batch)
         weights = minilm.model.attention_weights(batch.input_ids, batch.attention_mask)
         pooled = minilm.model.pool(ours[-1])
     real = batch.attention_mask.bool()

@@ -98,7 +98,7 @@ def test_cross_attention_takes_queries_from_x_and_keys_values_from_memory():
     attn = CrossAttention(12, 3).eval()
     x, memory = torch.randn(2, 4, 12), torch.randn(2, 6, 12)
     keep = torch.tensor([[True] * 6, [True] * 3 + [False] * 3])
-    out, weights = attn(x, memory, keep, need_weights=True)
+    out, weights = attn.forward_with_weights(x, memory, keep)
     q = (x @ attn.W_Q.weight.T + attn.W_Q.bias).view(2, 4, 3, 4).transpose(1, 2)
     k = (memory @ attn.W_K.weight.T + attn.W_K.bias).view(2, 6, 3, 4).transpose(1, 2)
     v = (memory @ attn.W_V.weight.T + attn.W_V.bias).view(2, 6, 3, 4).transpose(1, 2)

@@ -1,8 +1,10 @@
 import math
+from unittest import mock
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from course_utils.config import PRESETS
 from course_utils.counting import (
@@ -163,6 +165,15 @@ def test_token_id_outside_the_vocabulary_is_a_clear_error(bad, shown):
     model(idx.clamp(0, 36))  # the largest valid id is fine
 
 
+def test_forward_reads_no_token_values_off_the_device():
+    """The vocabulary check reads idx only where it lives in host memory: on another device it would
+    wait for the device at every forward. The meta device stands in for one (it has no values at all)."""
+    with torch.device("meta"):
+        model = GPT(small(position="rope"))
+        logits, loss = model(torch.zeros(2, 6, dtype=torch.long), torch.zeros(2, 6, dtype=torch.long))
+    assert logits.shape == (2, 6, 37) and loss.shape == ()
+
+
 @torch.no_grad()
 def test_gpt2_initialisation():
     torch.manual_seed(0)
@@ -176,6 +187,41 @@ def test_gpt2_initialisation():
     assert abs(float(model.token_embedding.weight.std()) - 0.02) < 0.002
     assert float(block.attn.W_Q.bias.abs().max()) == 0.0
     assert torch.equal(block.norm1.gamma, torch.ones(256))
+
+
+def _initialise_by_name(model: GPT) -> None:
+    """The rule GPT.reset_parameters followed before it initialised by module type, kept verbatim:
+    by parameter-name suffix, in the order of named_parameters()."""
+    for name, p in model.named_parameters():
+        if name.endswith("bias") or name.endswith("beta"):
+            nn.init.zeros_(p)
+        elif name.endswith("gamma"):
+            nn.init.ones_(p)
+        elif name.endswith(("attn.W_O.weight", "ffn.W_out.weight")):
+            nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * model.config.n_layers))
+        else:
+            nn.init.normal_(p, 0.0, 0.02)
+
+
+@pytest.mark.parametrize("name, overrides", [
+    ("smoke", {}), ("cpu", {}), ("shakespeare_char_small", {}), ("shakespeare_char", {}),
+    ("smoke", dict(norm="rmsnorm", position="rope", activation="swiglu", bias=False, tie_embeddings=False,
+                   n_kv_heads=1)),
+    ("smoke", dict(position="sinusoidal", activation="relu", norm="none")),
+    ("smoke", dict(position="alibi", activation="none")), ("smoke", dict(n_layers=0)),
+])
+def test_initialisation_by_module_type_draws_the_tensors_of_the_rule_by_name(name, overrides):
+    """Stored notebook outputs depend on the initial weights: the same seed gives the same tensors,
+    bit for bit, as the old rule by name (same draws in the same order)."""
+    c = GPTConfig.preset(name, **overrides)
+    torch.manual_seed(1234)
+    by_type = GPT(c).state_dict()
+    torch.manual_seed(1234)
+    with mock.patch.object(GPT, "reset_parameters", _initialise_by_name):
+        by_name = GPT(c).state_dict()
+    assert list(by_type) == list(by_name)
+    for key, tensor in by_name.items():
+        assert torch.equal(by_type[key], tensor), key
 
 
 def test_training_uses_dropout_and_eval_does_not():

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -118,7 +119,7 @@ def test_attention_paths_agree_with_gqa_rope_alibi(extra):
     torch.manual_seed(0)
     attn = MultiHeadAttention(32, 4, **extra)
     x = torch.randn(2, 6, 32)
-    explicit, weights = attn(x, causal=True, need_weights=True)
+    explicit, weights = attn.forward_with_weights(x, causal=True)
     torch.testing.assert_close(attn(x, causal=True), explicit, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 6))
     assert torch.all(weights.triu(1) == 0)  # causal
@@ -129,7 +130,7 @@ def test_rope_in_attention_scores_depend_on_distance_only():
     attn = MultiHeadAttention(16, 2, rope_base=10000.0, bias=False)
     token = torch.randn(1, 1, 16)
     x = token.expand(1, 8, 16)  # the same token everywhere: scores may depend on positions only
-    _, w = attn(x, need_weights=True)
+    _, w = attn.forward_with_weights(x)
     scores = torch.log(w[0, 0])  # log-softmax rows differ from scores by a per-row constant
     rel = scores - scores.diagonal()[:, None]
     torch.testing.assert_close(rel[3, 1], rel[6, 4], atol=1e-5, rtol=1e-5)
@@ -323,3 +324,50 @@ def test_generate_with_a_bigram_model_and_no_blocks():
     for _ in range(5):
         expected.append(int(logits[expected[-1]].argmax()))
     assert out[0].tolist() == expected
+
+
+@pytest.mark.parametrize("sdpa", [True, False])
+def test_rope_table_is_computed_once_per_forward_and_passed_down(sdpa, monkeypatch):
+    """GPT.forward makes RoPE's cos/sin once for all its blocks (no layer computes its own, no
+    table is kept between calls), and the logits equal those of layers that each make their own."""
+    from course_utils import attention, gpt
+
+    model = GPT(GPTConfig(**SMALL, position="rope", n_kv_heads=2, sdpa=sdpa)).eval()
+    idx = torch.randint(0, 37, (2, 9))
+    calls = {"model": 0, "layer": 0}
+
+    def counted(who, real):
+        def table(*args):
+            calls[who] += 1
+            return real(*args)
+        return table
+
+    monkeypatch.setattr(gpt, "rope_table", counted("model", attention.rope_table))
+    monkeypatch.setattr(attention, "rope_table", counted("layer", attention.rope_table))
+    with torch.no_grad():
+        logits, _ = model(idx)
+        model(idx)
+        x = model.drop(model.token_embedding(idx))
+        for block in model.blocks:  # no table handed down: each attention layer computes its own
+            x = block(x, causal=True)
+    assert calls == {"model": 2, "layer": SMALL["n_layers"]}
+    torch.testing.assert_close(logits, F.linear(model.final_norm(x), model.token_embedding.weight), rtol=0, atol=0)
+
+
+def test_attention_alone_computes_its_own_rope_table():
+    """MultiHeadAttention with rope_base, outside a GPT: the same output as with the table passed in,
+    and equal to rotating q and k with positional.apply_rope by hand."""
+    from course_utils.attention import merge_heads, rope_table, scaled_dot_product_attention
+
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(16, 2, rope_base=500.0, bias=False).eval()
+    x = torch.randn(2, 6, 16)
+    with torch.no_grad():
+        alone = attn(x, causal=True)
+        given = attn(x, causal=True, rope=rope_table(0, 6, 8, 500.0, x.dtype, x.device))
+        q, k, v = (split_heads(w(x), 2) for w in (attn.W_Q, attn.W_K, attn.W_V))
+        pos = torch.arange(6)
+        out, _ = scaled_dot_product_attention(apply_rope(q, pos, 500.0), apply_rope(k, pos, 500.0), v, causal=True)
+        by_hand = attn.W_O(merge_heads(out))
+    assert torch.equal(alone, given)
+    torch.testing.assert_close(alone, by_hand)

@@ -355,7 +355,7 @@ def block_removal_similarities() -> list[float]:
     enc = _minilm()
     batch = enc.batch(EXPERIMENT_DOCUMENTS)
     mask = _extended_mask(batch.attention_mask)
-    states = enc.token_vectors(batch, all_layers=True)  # states[i]: the input of block i
+    states = enc.layer_vectors(batch)  # states[i]: the input of block i
 
     def embed(x: torch.Tensor) -> torch.Tensor:
         return F.normalize(mean_pool(x, batch.attention_mask), dim=-1)
