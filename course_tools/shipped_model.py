@@ -43,7 +43,8 @@ def export(checkpoint: Path, name: str = NAME, folder: Path = pretrained.FOLDER)
     digest = pretrained.sha256_of(target)
     (folder / f"{name}.json").write_text(json.dumps({"file": target.name, "sha256": digest}))
     model, tokenizer = pretrained.load(name)  # read back the way learners will
-    last = {key: round(ckpt["history"][key][-1], 4) for key in ("train_loss", "val_loss")}
+    history = train.History.from_dict(ckpt["history"])
+    last = {"train_loss": round(history.train_loss[-1], 4), "val_loss": round(history.val_loss[-1], 4)}
     info = {
         "name": name,
         "file": target.name,

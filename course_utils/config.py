@@ -7,12 +7,25 @@ One name, one config: ``GPTConfig.preset("cpu")`` is exactly the model that
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
 NORMS = ("layernorm", "rmsnorm", "none")
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "none")
+
+
+Config = TypeVar("Config")
+
+
+def from_presets(presets: Mapping[str, Config], name: str, what: str, **overrides: Any) -> Config:
+    """The config named ``name`` in a registry of frozen dataclass instances, with ``overrides``
+    replacing fields: one behaviour, and one error, for ``GPTConfig.preset`` and ``TrainConfig.preset``."""
+    if name not in presets:
+        hint = f"presets are spelled with underscores, use {name.replace('-', '_')!r}; " if "-" in name else ""
+        raise ValueError(f"no {what} preset named {name!r}; {hint}known presets: {', '.join(presets)}")
+    return dataclasses.replace(presets[name], **overrides)  # type: ignore[type-var]
 
 
 @dataclass(frozen=True)
@@ -83,11 +96,9 @@ class GPTConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> GPTConfig:
-        """A named size, e.g. ``GPTConfig.preset("gpt2")``; keyword arguments replace fields."""
-        if name not in PRESETS:
-            hint = f"presets are spelled with underscores, use {name.replace('-', '_')!r}; " if "-" in name else ""
-            raise KeyError(f"no preset named {name!r}; {hint}known presets: {', '.join(PRESETS)}")
-        return dataclasses.replace(PRESETS[name], **overrides)
+        """A named size, e.g. ``GPTConfig.preset("gpt2")``; keyword arguments replace fields. An unknown
+        name is a ValueError listing the known ones."""
+        return from_presets(PRESETS, name, "model", **overrides)
 
 
 GPT2_VOCAB = 50_257

@@ -147,12 +147,14 @@ class GPT(nn.Module):
                                  f"{high}; encode the text with the tokenizer this model was built for")
 
     @classmethod
-    def with_weights(cls, config: GPTConfig, state_dict: dict[str, torch.Tensor]) -> GPT:
-        """A GPT of ``config`` holding exactly the tensors of ``state_dict`` (our names, copied):
-        built on the meta device (no memory, no initialisation), then the tensors take its place."""
+    def with_weights(cls, config: GPTConfig, state_dict: dict[str, torch.Tensor], *, copy: bool = True) -> GPT:
+        """A GPT of ``config`` holding exactly the tensors of ``state_dict`` (our names): built on the
+        meta device (no memory, no initialisation), then the tensors take its place. They are copied,
+        unless ``copy=False`` says that nothing else holds them (a state dict just read from a file)."""
         with torch.device("meta"):
             model = cls(config)
-        model.load_state_dict({k: v.detach().clone() for k, v in state_dict.items()}, strict=True, assign=True)
+        tensors = {k: v.detach().clone() for k, v in state_dict.items()} if copy else state_dict
+        model.load_state_dict(tensors, strict=True, assign=True)
         return model
 
     @classmethod

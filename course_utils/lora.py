@@ -27,6 +27,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from course_utils.train import save_checkpoint
+
 ADAPTER_FORMAT = "course-lora-1"
 
 
@@ -192,13 +194,13 @@ def adapter_state(model: nn.Module) -> dict:
 
 
 def save_adapter(model: nn.Module, path: str | os.PathLike) -> Path:
-    """Write the adapters of ``model`` to ``path`` (unmerged A and B only; a few hundred KB)."""
+    """Write the adapters of ``model`` to ``path`` (unmerged A and B only; a few hundred KB), atomically
+    like a training checkpoint (``train.save_checkpoint``): a crash midway leaves the previous file intact."""
     state = adapter_state(model)
     if any(m.merged for m in lora_layers(model).values()):
         raise ValueError("unmerge the adapters before saving them (the base weights hold ΔW while merged)")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(state, path)
+    save_checkpoint(path, state)
     return path
 
 

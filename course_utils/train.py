@@ -22,8 +22,9 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -31,6 +32,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from course_utils import counting, gpt, runtime
+from course_utils.config import from_presets
 from course_utils.tokenizer import Tokenizer, load_tokenizer
 
 CHECKPOINT = "ckpt.pt"
@@ -38,10 +40,14 @@ CHECKPOINT = "ckpt.pt"
 
 # ---------------------------------------------------------------------------------------------
 # Settings
-@dataclass
+DTYPES = ("auto", "bfloat16", "float32")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """How to train (the model's shape lives in ``GPTConfig``). ``time_budget`` (seconds), when
-    set, replaces ``max_iters``: the schedule stretches or shrinks so the run ends on time."""
+    set, replaces ``max_iters``: the schedule stretches or shrinks so the run ends on time. Frozen
+    like ``GPTConfig``: change a field with ``dataclasses.replace(cfg, lr=3e-4)`` (which validates again)."""
 
     batch_size: int = 12
     grad_accum: int = 1
@@ -61,31 +67,51 @@ class TrainConfig:
     compile: bool | None = None  # None: on for CUDA, off elsewhere (``compiles``)
     dtype: str = "auto"  # "auto" (bf16 on CUDA when supported), "bfloat16" or "float32"
 
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "grad_accum", "eval_interval", "eval_iters", "log_interval"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TrainConfig.{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("max_iters", "warmup_iters", "weight_decay", "min_lr"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.time_budget is not None and not self.time_budget > 0:
+            raise ValueError(f"TrainConfig.time_budget must be a positive number of seconds or None, "
+                             f"got {self.time_budget}")
+        if not 0 < self.lr or self.min_lr > self.lr:
+            raise ValueError(f"need 0 <= min_lr <= lr and lr > 0, got lr={self.lr}, min_lr={self.min_lr}; "
+                             "the schedule decays from lr down to min_lr")
+        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
+            raise ValueError(f"AdamW's beta1={self.beta1} and beta2={self.beta2} must lie in [0, 1)")
+        if not self.grad_clip > 0:
+            raise ValueError(f"TrainConfig.grad_clip must be positive (the largest gradient norm), "
+                             f"got {self.grad_clip}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"TrainConfig.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+
     @classmethod
-    def preset(cls, name: str) -> TrainConfig:
-        """Settings that go with ``GPTConfig.preset(name)`` (``course train --config name``)."""
-        if name not in TRAIN_PRESETS:
-            raise ValueError(f"no training preset {name!r}; use one of {', '.join(TRAIN_PRESETS)}")
-        return cls(**TRAIN_PRESETS[name])
+    def preset(cls, name: str, **overrides: Any) -> TrainConfig:
+        """Settings that go with ``GPTConfig.preset(name)`` (``course train --config name``); keyword
+        arguments replace fields. An unknown name is a ValueError listing the known ones."""
+        return from_presets(TRAIN_PRESETS, name, "training", **overrides)
 
 
-TRAIN_PRESETS = {
-    "smoke": dict(batch_size=8, max_iters=30, lr=1e-2, min_lr=1e-3, warmup_iters=5, eval_interval=10,
-                  eval_iters=2, log_interval=5),
+TRAIN_PRESETS: dict[str, TrainConfig] = {
+    "smoke": TrainConfig(batch_size=8, max_iters=30, lr=1e-2, min_lr=1e-3, warmup_iters=5, eval_interval=10,
+                         eval_iters=2, log_interval=5),
     # tuned for 2 CPU cores: small batches, many steps, a high learning rate decaying to zero (at equal
     # steps, 1e-2 -> 0 beat 6e-3 -> 6e-4 by 0.014-0.026 in validation loss; README, Performance)
-    "cpu": dict(batch_size=12, max_iters=2000, lr=1e-2, min_lr=0.0, warmup_iters=50,
-                eval_interval=500, eval_iters=20),
+    "cpu": TrainConfig(batch_size=12, max_iters=2000, lr=1e-2, min_lr=0.0, warmup_iters=50,
+                       eval_interval=500, eval_iters=20),
     # nanoGPT's shakespeare_char recipe
-    "shakespeare_char": dict(batch_size=64, max_iters=5000, lr=1e-3, min_lr=1e-4, warmup_iters=100,
-                             eval_interval=250, eval_iters=200),
+    "shakespeare_char": TrainConfig(batch_size=64, max_iters=5000, lr=1e-3, min_lr=1e-4, warmup_iters=100,
+                                    eval_interval=250, eval_iters=200),
     # the shipped model (python -m course_tools.shipped_model): 4 blocks x width 128, context 128, on 1 CPU thread
-    "shakespeare_char_small": dict(batch_size=12, max_iters=4000, lr=4e-3, min_lr=4e-4, warmup_iters=100,
-                                   eval_interval=500, eval_iters=20),
+    "shakespeare_char_small": TrainConfig(batch_size=12, max_iters=4000, lr=4e-3, min_lr=4e-4, warmup_iters=100,
+                                          eval_interval=500, eval_iters=20),
     # GPT-2 small on 8 GPUs: 12 sequences x 1,024 tokens x 5 micro-steps x 8 processes ~ 0.5 M tokens
     # per step (grad_accum counts per process: on one GPU use --grad-accum 40 for the same batch)
-    "gpt2": dict(batch_size=12, grad_accum=5, max_iters=600_000, lr=6e-4, min_lr=6e-5,
-                 warmup_iters=2000, beta2=0.95, eval_interval=1000, eval_iters=200),
+    "gpt2": TrainConfig(batch_size=12, grad_accum=5, max_iters=600_000, lr=6e-4, min_lr=6e-5,
+                        warmup_iters=2000, beta2=0.95, eval_interval=1000, eval_iters=200),
 }
 
 
@@ -107,8 +133,6 @@ class Dist:
 def autocast_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype:
     """bfloat16 where the hardware does it natively (CUDA, compute capability >= 8), else float32.
     MPS stays float32 too: its bf16 support depends on the macOS version, float32 works everywhere."""
-    if cfg.dtype not in ("auto", "bfloat16", "float32"):
-        raise ValueError(f"dtype must be auto, bfloat16 or float32, got {cfg.dtype!r}")
     if cfg.dtype == "float32" or device.type != "cuda":
         return torch.float32
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
@@ -264,16 +288,22 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     return state
 
 
-def load_model(path: str | os.PathLike, device: str | torch.device | None = None) -> tuple[nn.Module, Tokenizer]:
+def load_model(path: str | os.PathLike, device: str | torch.device | None = None) -> tuple[gpt.GPT, Tokenizer]:
     """(model in eval mode on ``device``, default ``runtime.device()``; its tokenizer) from a checkpoint."""
     device = runtime.device() if device is None else torch.device(device)
     ckpt = load_checkpoint(path, map_location=device)
     if ckpt["tokenizer"] is None:
         raise CheckpointError(f"{path} holds no tokenizer (it was trained without one), so text cannot be "
                               "decoded; train with course train, which stores it")
-    model = gpt.GPT(gpt.GPTConfig(**ckpt["model_config"]))
-    model.load_state_dict(ckpt["model"])
-    return model.to(device).eval(), load_tokenizer(ckpt["tokenizer"])
+    return model_from_state(ckpt, device)
+
+
+def model_from_state(state: dict, device: str | torch.device) -> tuple[gpt.GPT, Tokenizer]:
+    """(GPT in eval mode on ``device``, tokenizer) from the ``model_config``, ``model`` and ``tokenizer``
+    entries of a checkpoint or of a shipped model's file (``pretrained.load``): ``GPT.with_weights``,
+    so the model is built without a random initialisation that the weights would overwrite."""
+    model = gpt.GPT.with_weights(gpt.GPTConfig(**state["model_config"]), state["model"], copy=False)
+    return model.to(device).eval(), load_tokenizer(state["tokenizer"])
 
 
 def _device_rng_state(device: torch.device) -> torch.Tensor | None:
@@ -296,22 +326,45 @@ def _set_device_rng_state(device: torch.device, state: torch.Tensor | None) -> N
 # ---------------------------------------------------------------------------------------------
 # The run: its state, and the phases that advance it
 @dataclass
+class History:
+    """The curves of a run, one list per quantity. Per optimiser step: ``step``, its training
+    ``loss`` and ``lr``. Per evaluation: ``eval_step``, the mean ``train_loss`` and ``val_loss``,
+    the seconds it took (``eval_time``) and when it ended since the run began (``eval_elapsed``).
+    Per logging window: ``tokens_per_s``. A checkpoint stores it as a dict of lists (``asdict``)."""
+
+    step: list[int] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)
+    lr: list[float] = field(default_factory=list)
+    eval_step: list[int] = field(default_factory=list)
+    train_loss: list[float] = field(default_factory=list)
+    val_loss: list[float] = field(default_factory=list)
+    eval_time: list[float] = field(default_factory=list)
+    eval_elapsed: list[float] = field(default_factory=list)
+    tokens_per_s: list[float] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, saved: dict[str, list]) -> History:
+        """The history a checkpoint stored; a list that did not exist yet when it was written (older
+        files have no ``eval_elapsed``) starts empty."""
+        unknown = sorted(set(saved) - {f.name for f in fields(cls)})
+        if unknown:
+            raise CheckpointError(f"the checkpoint's history has lists this trainer does not know "
+                                  f"({', '.join(unknown)}); load it with the version of the course that wrote it")
+        return cls(**{name: list(values) for name, values in saved.items()})
+
+
+@dataclass
 class TrainResult:
     """What a run leaves behind: the loss curves, the final estimate and the speed (``nan`` speeds
     when no optimiser step ran in this call, e.g. a time budget used up by set-up and evaluation;
     ``nan`` TFLOP/s for a model that is not a GPT, whose FLOPs are not counted)."""
 
-    history: dict = field(default_factory=dict)
+    history: History = field(default_factory=History)
     step: int = 0
     val_loss: float = float("nan")
     tokens_per_s: float = float("nan")
     tflops: float = float("nan")
     elapsed: float = 0.0
-
-
-def _new_history() -> dict:
-    return {"step": [], "loss": [], "lr": [], "eval_step": [], "train_loss": [], "val_loss": [],
-            "eval_time": [], "eval_elapsed": [], "tokens_per_s": []}
 
 
 @dataclass
@@ -362,7 +415,7 @@ class Run:
     model: nn.Module | None = None  # what the steps call: ``raw``, compiled and/or wrapped in DDP
     step: int = 0
     max_steps: int = 0
-    history: dict = field(default_factory=_new_history)
+    history: History = field(default_factory=History)
     pending: list[torch.Tensor] = field(default_factory=list)  # step losses still on the device
     meter: SpeedMeter = field(default_factory=SpeedMeter)
 
@@ -412,7 +465,7 @@ def _restore(run: Run, ckpt: dict) -> None:
     """Put a checkpoint's weights, optimiser moments, step, history and random states into ``run``."""
     run.raw.load_state_dict(ckpt["model"])
     run.optimizer.load_state_dict(ckpt["optimizer"])
-    run.step, run.history = ckpt["step"], ckpt["history"]
+    run.step, run.history = ckpt["step"], History.from_dict(ckpt["history"])
     run.start -= ckpt["elapsed"]
     run.batches.set_state(ckpt["rng"]["batches"])
     torch.set_rng_state(ckpt["rng"]["torch"])
@@ -458,8 +511,8 @@ def train_step(run: Run) -> None:
     run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
     run.pending.append(loss_sum)  # no .item() here: that would wait for the GPU at every step
-    run.history["step"].append(run.step)
-    run.history["lr"].append(lr)
+    run.history.step.append(run.step)
+    run.history.lr.append(lr)
     run.step += 1
 
 
@@ -470,7 +523,7 @@ def _flush(run: Run) -> None:
         if run.where.world_size > 1:
             dist.all_reduce(losses)
             losses /= run.where.world_size
-        run.history["loss"].extend(losses.tolist())
+        run.history.loss.extend(losses.tolist())
         run.pending.clear()
 
 
@@ -482,9 +535,12 @@ def evaluate(run: Run) -> None:
     losses = mean_losses(run.model, run.draws, run.loss_fn, run.cfg.eval_iters, run.cfg.seed + 1, run.dtype,
                          run.where)
     seconds = time.perf_counter() - t0
-    for key, value in (("eval_step", run.step), ("train_loss", losses["train"]), ("val_loss", losses["val"]),
-                       ("eval_time", seconds), ("eval_elapsed", run.elapsed)):  # elapsed: since the run began
-        run.history.setdefault(key, []).append(value)  # setdefault: histories saved before eval_elapsed existed
+    h = run.history
+    h.eval_step.append(run.step)
+    h.train_loss.append(losses["train"])
+    h.val_loss.append(losses["val"])
+    h.eval_time.append(seconds)
+    h.eval_elapsed.append(run.elapsed)  # since the run began
     run.meter.paused += seconds
 
 
@@ -494,8 +550,8 @@ def log(run: Run, bar: tqdm) -> None:
     rate = run.meter.close_window()
     if rate is None:
         return
-    run.history["tokens_per_s"].append(rate)
-    bar.set_postfix(loss=f"{run.history['loss'][-1]:.3f}", lr=f"{run.history['lr'][-1]:.1e}", tok_s=f"{rate:,.0f}")
+    run.history.tokens_per_s.append(rate)
+    bar.set_postfix(loss=f"{run.history.loss[-1]:.3f}", lr=f"{run.history.lr[-1]:.1e}", tok_s=f"{rate:,.0f}")
     bar.update(run.step - bar.n)
 
 
@@ -505,16 +561,18 @@ def save(run: Run) -> None:
         return
     save_checkpoint(run.out_dir / CHECKPOINT, {
         "model": run.raw.state_dict(), "optimizer": run.optimizer.state_dict(), "step": run.step,
-        "elapsed": run.elapsed, "history": run.history, "model_config": asdict(run.raw.config),
+        "elapsed": run.elapsed, "history": asdict(run.history), "model_config": asdict(run.raw.config),
         "train_config": asdict(run.cfg), "tokenizer": run.tokenizer.to_dict() if run.tokenizer is not None else None,
         "rng": {"batches": run.batches.get_state(), "torch": torch.get_rng_state(),
                 "device": _device_rng_state(run.where.device)}})
 
 
-def _plan_steps(step: int, spent: float, cfg: TrainConfig, history: dict, where: Dist) -> int:
+def _plan_steps(step: int, spent: float, cfg: TrainConfig, history: History, where: Dist) -> int:
     """How many steps fit in the time budget, from the time per step so far; the final
     evaluation's time (as long as the longest so far) is kept in reserve. All ranks agree."""
-    reserve = 1.25 * max(history["eval_time"], default=0.0)
+    reserve = 1.25 * max(history.eval_time, default=0.0)
+    if cfg.time_budget is None:
+        raise ValueError("steps are planned from a time budget; set TrainConfig.time_budget")
     left = cfg.time_budget - spent - reserve
     if step < 3:  # no reliable speed yet: plan with max_iters
         total = cfg.max_iters if left > 0 else step
@@ -531,7 +589,7 @@ def finish(run: Run, bar: tqdm) -> TrainResult:
     """The end of a call: the last losses and speed, a final evaluation when the schedule is done
     (not at a pause), a checkpoint, and the result with throughput and TFLOP/s (a GPT's)."""
     log(run, bar)
-    if run.evaluates and run.step >= run.max_steps and run.step not in run.history["eval_step"][-1:]:
+    if run.evaluates and run.step >= run.max_steps and run.step not in run.history.eval_step[-1:]:
         evaluate(run)
     save(run)
     bar.update(run.step - bar.n)
@@ -540,7 +598,7 @@ def finish(run: Run, bar: tqdm) -> TrainResult:
     config = getattr(run.raw, "config", None)
     tflops = (tok_s * counting.flops_per_token(config, config.max_len, training=True) / 1e12  # 6N + 12·L·T·D
               if isinstance(config, gpt.GPTConfig) else float("nan"))
-    val_loss = run.history["val_loss"][-1] if run.history["val_loss"] else float("nan")
+    val_loss = run.history.val_loss[-1] if run.history.val_loss else float("nan")
     return TrainResult(run.history, run.step, val_loss, tok_s, tflops, run.elapsed)
 
 
@@ -566,7 +624,7 @@ def train(model: nn.Module, train_data: torch.Tensor | Draw, val_data: torch.Ten
     run.model.train()
     run.meter.restart()
     while True:
-        if run.step % cfg.eval_interval == 0 and run.step not in run.history["eval_step"][-1:]:
+        if run.step % cfg.eval_interval == 0 and run.step not in run.history.eval_step[-1:]:
             if run.evaluates:
                 evaluate(run)
             if run.step > 0:

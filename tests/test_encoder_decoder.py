@@ -313,10 +313,10 @@ def test_the_course_trainer_trains_the_encoder_decoder():
     cfg = TrainConfig(max_iters=150, lr=3e-3, min_lr=3e-4, warmup_iters=10, eval_interval=75, eval_iters=2,
                       log_interval=50)
     result = train(model, copy_pairs, copy_pairs, cfg, loss_fn=teacher_forcing_loss, where=Dist(), progress=False)
-    losses = result.history["loss"]
+    losses = result.history.loss
     assert result.step == 150 and len(losses) == 150
     assert sum(losses[-50:]) / 50 < 0.5 * sum(losses[:50]) / 50
-    assert result.history["eval_step"] == [0, 75, 150] and result.val_loss < result.history["val_loss"][0]
+    assert result.history.eval_step == [0, 75, 150] and result.val_loss < result.history.val_loss[0]
     assert math.isnan(result.tflops)  # FLOPs are counted for GPTs only
     assert result.tokens_per_s > 0
 

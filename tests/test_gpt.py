@@ -90,11 +90,11 @@ def test_config_errors_name_the_fix():
         small(d_model=30)
     with pytest.raises(ValueError, match="n_layers must be >= 0"):
         small(n_layers=-1)
-    with pytest.raises(KeyError, match="known presets: gpt2"):
+    with pytest.raises(ValueError, match="known presets: gpt2"):
         GPTConfig.preset("gpt5")
     assert GPTConfig.preset("shakespeare_char", vocab_size=65).vocab_size == 65
     for old, new in (("shakespeare-char", "shakespeare_char"), ("gpt2-medium", "gpt2_medium")):
-        with pytest.raises(KeyError, match=f"spelled with underscores, use '{new}'"):
+        with pytest.raises(ValueError, match=f"spelled with underscores, use '{new}'"):
             GPTConfig.preset(old)
 
 

@@ -145,7 +145,7 @@ whole = train.train(gpt.GPT(cfg), data, data, tc, progress=False)
 train.train(gpt.GPT(cfg), data, data, tc, out_dir={str(tmp_path)!r}, until=10, progress=False)
 ckpt = train.load_checkpoint({str(tmp_path / 'ckpt.pt')!r})
 resumed = train.train(gpt.GPT(cfg), data, data, tc, resume=ckpt, progress=False)
-assert whole.history["loss"] == resumed.history["loss"], (whole.history["loss"], resumed.history["loss"])
+assert whole.history.loss == resumed.history.loss, (whole.history.loss, resumed.history.loss)
 """
     done = _course([sys.executable, "-c", code], env={"CUBLAS_WORKSPACE_CONFIG": ":4096:8"})
     assert done.returncode == 0, done.stderr[-2000:]

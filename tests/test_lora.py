@@ -167,6 +167,24 @@ def test_save_and_load_adapter(tmp_path):
     assert sum(t.numel() for t in state["tensors"].values()) == lora.trainable_parameters(trained)
 
 
+def test_saving_an_adapter_is_atomic(tmp_path, monkeypatch):
+    """A save that dies midway (disk full, killed) leaves the adapter saved before intact."""
+    trained = small_gpt()
+    lora.add_lora(trained, TARGETS, 4, 8.0)
+    path = lora.save_adapter(trained, tmp_path / "adapter.pt")
+    before = path.read_bytes()
+
+    def dies_midway(obj, f):
+        open(f, "wb").write(b"half a file")
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(torch, "save", dies_midway)
+    with_random_B(trained)
+    with pytest.raises(OSError, match="No space"):
+        lora.save_adapter(trained, path)
+    assert path.read_bytes() == before
+
+
 def test_an_adapter_fits_the_same_weights_computed_another_way(tmp_path):
     """The attention path and the dropout are not part of a model's identity: an adapter trained with
     PyTorch's kernel and dropout loads into the same weights run with the explicit softmax and none,

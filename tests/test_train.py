@@ -3,7 +3,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import FrozenInstanceError, asdict, replace
 from pathlib import Path
 
 import pytest
@@ -79,10 +79,56 @@ def test_weight_decay_only_on_matrices():
 
 def test_cpu_defaults_are_float32_and_eager():
     assert T.autocast_dtype(T.TrainConfig(), torch.device("cpu")) == torch.float32
-    with pytest.raises(ValueError, match="auto, bfloat16 or float32"):
-        T.autocast_dtype(T.TrainConfig(dtype="fp8"), torch.device("cpu"))
-    with pytest.raises(ValueError, match="use one of"):
-        T.TrainConfig.preset("huge")
+    assert T.autocast_dtype(T.TrainConfig(dtype="bfloat16"), torch.device("cpu")) == torch.float32
+
+
+@pytest.mark.parametrize("field, bad, shown", [
+    ("dtype", "fp8", "dtype must be one of auto, bfloat16, float32, got 'fp8'"),
+    ("batch_size", 0, "batch_size must be at least 1, got 0"), ("eval_interval", 0, "eval_interval must be at least 1"),
+    ("max_iters", -1, "max_iters must be >= 0"), ("time_budget", 0.0, "time_budget must be a positive number"),
+    ("lr", 0.0, "need 0 <= min_lr <= lr and lr > 0"), ("min_lr", 1.0, "need 0 <= min_lr <= lr"),
+    ("beta2", 1.0, "must lie in \\[0, 1\\)"), ("grad_clip", 0.0, "grad_clip must be positive")])
+def test_train_config_is_validated_with_one_line_errors(field, bad, shown):
+    with pytest.raises(ValueError, match=shown):
+        T.TrainConfig(**{field: bad})
+    with pytest.raises(ValueError, match=shown):  # replace() builds a new config, validated again
+        replace(T.TrainConfig(), **{field: bad})
+
+
+def test_both_configs_are_frozen_presets_of_the_same_kind():
+    """GPTConfig and TrainConfig: frozen, a registry of instances each, the same preset(name, **overrides)
+    and the same error for an unknown name."""
+    from course_utils.config import PRESETS
+
+    for config_class, registry in ((GPTConfig, PRESETS), (T.TrainConfig, T.TRAIN_PRESETS)):
+        assert all(type(c) is config_class for c in registry.values())
+        c = config_class.preset("smoke")
+        assert c == registry["smoke"]
+        with pytest.raises(FrozenInstanceError):
+            c.seed = 1  # type: ignore[misc]
+        with pytest.raises(ValueError, match=r"preset named 'huge'; known presets: .*smoke"):
+            config_class.preset("huge")
+        with pytest.raises(ValueError, match="spelled with underscores, use 'shakespeare_char'"):
+            config_class.preset("shakespeare-char")
+    assert T.TrainConfig.preset("cpu", lr=3e-3, max_iters=7) == replace(T.TRAIN_PRESETS["cpu"], lr=3e-3, max_iters=7)
+    assert T.TRAIN_PRESETS["cpu"].lr == 1e-2  # the registry's instance is untouched
+
+
+def test_a_checkpoint_in_the_old_format_still_resumes(data, tmp_path):
+    """Checkpoints written before the history was typed hold a plain dict, and the oldest lack
+    eval_elapsed: both resume, the missing list starting empty."""
+    tok, train_data, val_data = data
+    c = cfg(max_iters=6, eval_interval=3)
+    T.train(tiny(tok.vocab_size), train_data, val_data, c, tokenizer=tok, out_dir=tmp_path, until=3, progress=False)
+    ckpt = T.load_checkpoint(tmp_path / T.CHECKPOINT)
+    assert isinstance(ckpt["history"], dict)  # a checkpoint stores plain lists (weights_only=True)
+    old = {**ckpt, "history": {k: v for k, v in ckpt["history"].items() if k != "eval_elapsed"}}
+    result = T.train(tiny(tok.vocab_size), train_data, val_data, c, resume=old, progress=False)
+    h = result.history
+    assert isinstance(h, T.History) and result.step == 6 and h.eval_step == [0, 3, 6]
+    assert len(h.eval_elapsed) == 1 and len(h.val_loss) == 3  # eval_elapsed: only the evaluation after resuming
+    with pytest.raises(T.CheckpointError, match="does not know \\(speed\\)"):
+        T.History.from_dict({**ckpt["history"], "speed": []})
 
 
 def test_loss_at_initialisation_is_about_ln_v(data):
@@ -98,9 +144,9 @@ def test_training_lowers_the_loss_and_records_history(data, tmp_path):
     result = T.train(tiny(tok.vocab_size), train_data, val_data, cfg(max_iters=60, lr=3e-3, eval_interval=30),
                      tokenizer=tok, out_dir=tmp_path, progress=False)
     h = result.history
-    assert result.step == 60 and h["step"] == list(range(60)) and len(h["loss"]) == len(h["lr"]) == 60
-    assert h["eval_step"] == [0, 30, 60]
-    assert h["val_loss"][-1] < h["val_loss"][0] - 0.8
+    assert result.step == 60 and h.step == list(range(60)) and len(h.loss) == len(h.lr) == 60
+    assert h.eval_step == [0, 30, 60] and len(h.eval_elapsed) == len(h.eval_time) == 3
+    assert h.val_loss[-1] < h.val_loss[0] - 0.8
     assert result.tokens_per_s > 0 and result.tflops > 0
     ckpt = T.load_checkpoint(tmp_path / T.CHECKPOINT)  # weights_only=True
     assert ckpt["step"] == 60 and ckpt["tokenizer"] == {"kind": "char", "chars": "".join(tok.chars)}
@@ -114,14 +160,14 @@ def test_resume_gives_the_uninterrupted_curve(data, tmp_path):
     whole = T.train(whole_model, train_data, val_data, c, progress=False)
     first = T.train(tiny(tok.vocab_size, dropout=0.1), train_data, val_data, c, tokenizer=tok,
                     out_dir=tmp_path, until=5, progress=False)
-    assert first.step == 5 and len(first.history["loss"]) == 5
+    assert first.step == 5 and len(first.history.loss) == 5
     ckpt = T.load_checkpoint(tmp_path / T.CHECKPOINT)
     fresh = tiny(tok.vocab_size, dropout=0.1)
     torch.manual_seed(999)  # the checkpoint's RNG state must win over whatever came before
     second = T.train(fresh, train_data, val_data, c, resume=ckpt, out_dir=tmp_path, progress=False)
-    assert second.history["loss"] == whole.history["loss"]  # exactly equal, dropout included
-    assert second.history["val_loss"] == whole.history["val_loss"]
-    assert second.history["lr"] == whole.history["lr"]
+    assert second.history.loss == whole.history.loss  # exactly equal, dropout included
+    assert second.history.val_loss == whole.history.val_loss
+    assert second.history.lr == whole.history.lr
     for a, b in zip(fresh.state_dict().values(), whole_model.state_dict().values(), strict=True):
         assert torch.equal(a, b)
 
@@ -146,7 +192,7 @@ def test_time_budget_ends_on_time(data):
     took = time.perf_counter() - start
     assert 2.0 < took < 5.0, took
     assert 3 < result.step < 10_000
-    assert result.history["lr"][-1] < 0.2 * result.history["lr"][2]  # the cosine ran its course
+    assert result.history.lr[-1] < 0.2 * result.history.lr[2]  # the cosine ran its course
 
 
 HARNESS = """import sys
@@ -285,16 +331,16 @@ def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
 def test_a_budget_too_short_for_one_step_gives_no_speed(data):
     tok, train_data, val_data = data
     result = T.train(tiny(tok.vocab_size), train_data, val_data, cfg(time_budget=1e-3), progress=False)
-    assert result.step == 0 and result.history["step"] == [] and result.history["eval_step"] == [0]
+    assert result.step == 0 and result.history.step == [] and result.history.eval_step == [0]
     assert math.isnan(result.tokens_per_s) and math.isnan(result.tflops)  # nothing was timed, nothing invented
 
 
 def test_fewer_steps_than_one_log_interval_still_measure_the_speed(data):
     tok, train_data, val_data = data
     result = T.train(tiny(tok.vocab_size), train_data, val_data, cfg(max_iters=2, log_interval=10), progress=False)
-    assert result.step == 2 and len(result.history["loss"]) == 2
+    assert result.step == 2 and len(result.history.loss) == 2
     assert math.isfinite(result.tokens_per_s) and result.tokens_per_s > 0
-    assert result.history["tokens_per_s"] == [pytest.approx(result.tokens_per_s)]
+    assert result.history.tokens_per_s == [pytest.approx(result.tokens_per_s)]
 
 
 def test_checkpoint_stores_the_tokenizer_through_its_interface(data, tmp_path):
@@ -313,8 +359,8 @@ def test_checkpoint_stores_the_tokenizer_through_its_interface(data, tmp_path):
 def test_without_validation_data_nothing_is_evaluated(data):
     tok, train_data, _ = data
     result = T.train(tiny(tok.vocab_size), train_data, None, cfg(max_iters=12, eval_interval=5), progress=False)
-    assert result.step == 12 and result.history["eval_step"] == [] and math.isnan(result.val_loss)
-    assert len(result.history["loss"]) == 12
+    assert result.step == 12 and result.history.eval_step == [] and math.isnan(result.val_loss)
+    assert len(result.history.loss) == 12
 
 
 def test_data_must_be_token_ids_or_a_batch_function(data):
@@ -337,5 +383,5 @@ def test_a_batch_function_and_a_loss_function_train_any_model():
 
     result = T.train(model, draw, draw, cfg(max_iters=200, lr=5e-2, min_lr=5e-3, eval_interval=100, eval_iters=4,
                                            weight_decay=0.0), loss_fn=mse, where=T.Dist(), progress=False)
-    assert result.history["val_loss"][-1] < 0.01 * result.history["val_loss"][0]
+    assert result.history.val_loss[-1] < 0.01 * result.history.val_loss[0]
     assert math.isnan(result.tflops) and result.tokens_per_s > 0  # not a GPT: no FLOPs counted

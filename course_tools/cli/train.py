@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -131,9 +131,9 @@ def prepare(args: argparse.Namespace, where: train.Dist) -> Job:
         train_text, _ = data.train_val_split(text)
         tokenizer = build_tokenizer(args.tokenizer, train_text if args.tokenizer == "bpe" else text, args.bpe_vocab)
         mcfg = gpt.GPTConfig.preset(args.config, vocab_size=tokenizer.vocab_size)
-        cfg = train.TrainConfig(**{**asdict(train.TrainConfig.preset(args.config)), **changes})
+        cfg = train.TrainConfig.preset(args.config, **changes)
     if cfg.compile is None:
-        cfg.compile = tuning.compile_default(cfg.time_budget, where.device)
+        cfg = replace(cfg, compile=tuning.compile_default(cfg.time_budget, where.device))
     tokens = torch.tensor(tokenizer.encode(text), dtype=torch.long)
     train_data, val_data = data.train_val_split(tokens)
     check_long_enough(args.data, len(tokens), len(val_data), mcfg.max_len)
@@ -143,7 +143,7 @@ def prepare(args: argparse.Namespace, where: train.Dist) -> Job:
 
 def summary(job: Job, result: train.TrainResult, where: train.Dist) -> str:
     """The closing line: losses, time, speed (or why there is none), and where the checkpoint is."""
-    losses = (f"step {result.step}: val loss {result.val_loss:.4f} (train {result.history['train_loss'][-1]:.4f}) "
+    losses = (f"step {result.step}: val loss {result.val_loss:.4f} (train {result.history.train_loss[-1]:.4f}) "
               f"in {result.elapsed:.1f} s")
     if math.isnan(result.tokens_per_s):  # no optimiser step ran in this call: nothing was timed
         why = (f"the time budget of {job.cfg.time_budget:g} s went to set-up and evaluation; give a larger "

@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from course_utils import data, gguf, gpt
+from course_utils import data, gguf, gpt, train
 from course_utils.bpe import PretrainedBPETokenizer
 from course_utils.data import sha256_of
-from course_utils.tokenizer import Tokenizer, load_tokenizer
+from course_utils.tokenizer import Tokenizer
 
 FOLDER = Path(__file__).resolve().parent
 SLICE_WINDOWS = 512  # the fixed slice: the first 512 windows of T characters of the validation part
@@ -122,10 +122,7 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu") -> tuple[gpt
     file = gguf.read(path)
     config = gguf.gpt_config(file)
     tokenizer = gguf.tokenizer(file)
-    state = gguf.llama_state_dict(file, config)
-    with torch.device("meta"):  # shapes only: the weights come from the file, not from a random init
-        model = gpt.GPT(config)
-    model.load_state_dict(state, assign=True)
+    model = gpt.GPT.with_weights(config, gguf.llama_state_dict(file, config), copy=False)
     return model.to(device).eval(), tokenizer
 
 
@@ -139,10 +136,7 @@ def load(name: str = "shakespeare_char_small", device: str | torch.device = "cpu
     if sha256_of(path) != info["sha256"]:
         raise ValueError(f"{path} does not match the sha256 in its card; restore it (git checkout {path.name}) "
                          "or rebuild it with python -m course_tools.shipped_model")
-    state = torch.load(path, map_location=device, weights_only=True)
-    model = gpt.GPT(gpt.GPTConfig(**state["model_config"]))
-    model.load_state_dict(state["model"])
-    return model.to(device).eval(), load_tokenizer(state["tokenizer"])
+    return train.model_from_state(torch.load(path, map_location=device, weights_only=True), device)
 
 
 def fixed_slice(tokenizer: Tokenizer, max_len: int, windows: int = SLICE_WINDOWS,
