@@ -186,7 +186,7 @@ class KVCache:
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append k (B, H, S_new, d_k), v (B, H, S_new, d_v); return the keys and values of all tokens."""
-        if self.k is None:
+        if self.k is None or self.v is None:
             self.k, self.v = k, v
         else:
             self.k, self.v = torch.cat([self.k, k], dim=-2), torch.cat([self.v, v], dim=-2)
@@ -195,7 +195,7 @@ class KVCache:
     def select(self, rows: torch.Tensor) -> None:
         """Keep the batch rows ``rows`` (B_new,) in that order, e.g. the parents of the beams that survive
         a step of beam search; a row may be kept twice."""
-        if self.k is None:
+        if self.k is None or self.v is None:
             raise ValueError("the cache is empty; select rows after the first update")
         self.k, self.v = self.k[rows], self.v[rows]
 

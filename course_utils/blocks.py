@@ -171,7 +171,7 @@ class TransformerBlock(nn.Module):
             return self.dropout(self.attn(h, mask=mask, causal=causal, kv_cache=kv_cache, rope=rope))
 
         x = self._sublayer(x, attend, self.norm1)
-        return x if self.ffn is None else self._sublayer(x, self.ffn, self.norm2)
+        return x if self.ffn is None or self.norm2 is None else self._sublayer(x, self.ffn, self.norm2)
 
     def _sublayer(self, x: torch.Tensor, f: Callable[[torch.Tensor], torch.Tensor], norm: nn.Module) -> torch.Tensor:
         """Pre-LN x + f(norm(x)) or post-LN norm(x + f(x)); without the residual, "x +" is dropped."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import codecs
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -55,12 +56,13 @@ def stream_ids(model: torch.nn.Module, prompt: Sequence[int], max_new_tokens: in
     """
     if not prompt:
         raise ValueError("the prompt is empty; encode some text first")
-    if len(prompt) + max_new_tokens > model.config.max_len:
+    config: Any = model.config  # a GPT's, or any config with max_len and n_layers
+    if len(prompt) + max_new_tokens > config.max_len:
         raise ValueError(f"the prompt ({len(prompt)} tokens) plus {max_new_tokens} new tokens exceed the context "
-                         f"of {model.config.max_len} tokens; shorten the prompt or lower --max-new-tokens")
+                         f"of {config.max_len} tokens; shorten the prompt or lower --max-new-tokens")
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
-    cache = ModelKVCache(model.config.n_layers)
+    cache = ModelKVCache(config.n_layers)
     was_training = model.training
     model.eval()
     try:

@@ -26,7 +26,7 @@ def from_hf(hf_model: nn.Module) -> tuple[GPTConfig, StateDict]:
     (nothing is downloaded)."""
     kind = getattr(getattr(hf_model, "config", None), "model_type", None)
     if kind == "gpt2":
-        c = hf_model.config
+        c: Any = hf_model.config  # a transformers PretrainedConfig
         if c.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
             raise ValueError(f"activation_function={c.activation_function!r} is not GPT-2's tanh GELU")
         return from_gpt2_state_dict(hf_model.state_dict(), n_heads=c.n_head, eps=c.layer_norm_epsilon)

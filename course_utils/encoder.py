@@ -17,11 +17,13 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from course_utils.attention import MultiHeadAttention
 from course_utils.blocks import LayerNorm, make_block
 from course_utils.positional import LearnedPositionalEmbedding
 
@@ -175,7 +177,7 @@ class TransformerEncoder(nn.Module):
         x = self.embeddings(input_ids, token_type_ids)
         weights = []
         for block in self.blocks:
-            weights.append(block.attn.forward_with_weights(x, mask=mask)[1])
+            weights.append(cast(MultiHeadAttention, block.attn).forward_with_weights(x, mask=mask)[1])
             x = block(x, mask=mask)
         return torch.stack(weights)
 

@@ -10,14 +10,16 @@ Shapes: ``B`` batch, ``S`` source positions, ``T`` target positions, ``D`` = d_m
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from course_utils.attention import KVCache, MultiHeadAttention, merge_heads, scaled_dot_product_attention, split_heads
-from course_utils.blocks import FeedForward, LayerNorm, make_block
+from course_utils.blocks import FeedForward, LayerNorm, TransformerBlock, make_block
 from course_utils.positional import LearnedPositionalEmbedding
 
 PAD, BOS, EOS = 0, 1, 2
@@ -127,6 +129,15 @@ class DecoderBlock(nn.Module):
         return x, weights
 
 
+class Stack(nn.Module):
+    """Blocks and the LayerNorm after them: the encoder's or the decoder's half of ``Transformer``."""
+
+    def __init__(self, blocks: Iterable[nn.Module], final_norm: LayerNorm) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        self.final_norm = final_norm
+
+
 class Transformer(nn.Module):
     """The encoder–decoder without embeddings: float vectors in, float vectors out.
 
@@ -145,16 +156,10 @@ class Transformer(nn.Module):
             raise ValueError(f"n_encoder_layers={n_encoder_layers} must be at least 0 and "
                              f"n_decoder_layers={n_decoder_layers} at least 1")
         self.d_model, self.n_heads = d_model, n_heads
-        self.encoder = nn.Module()
-        self.encoder.blocks = nn.ModuleList(
-            make_block(d_model, n_heads, d_ff, activation, norm_first, eps, bias, dropout)
-            for _ in range(n_encoder_layers))
-        self.encoder.final_norm = LayerNorm(d_model, eps)
-        self.decoder = nn.Module()
-        self.decoder.blocks = nn.ModuleList(
-            DecoderBlock(d_model, n_heads, d_ff, activation, norm_first, eps, bias, dropout)
-            for _ in range(n_decoder_layers))
-        self.decoder.final_norm = LayerNorm(d_model, eps)
+        self.encoder = Stack((make_block(d_model, n_heads, d_ff, activation, norm_first, eps, bias, dropout)
+                              for _ in range(n_encoder_layers)), LayerNorm(d_model, eps))
+        self.decoder = Stack((DecoderBlock(d_model, n_heads, d_ff, activation, norm_first, eps, bias, dropout)
+                              for _ in range(n_decoder_layers)), LayerNorm(d_model, eps))
 
     def encode(self, src: torch.Tensor, src_keep: torch.Tensor | None = None) -> torch.Tensor:
         """src (B, S, D) -> memory (B, S, D); padded positions are never attended to."""
@@ -165,7 +170,11 @@ class Transformer(nn.Module):
 
     def memory_kv(self, memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each decoder block's cross-attention keys and values of the memory, computed once."""
-        return [block.cross_attn.project_memory(memory) for block in self.decoder.blocks]
+        return [block.cross_attn.project_memory(memory) for block in self.decoder_blocks()]
+
+    def decoder_blocks(self) -> list[DecoderBlock]:
+        """The decoder's blocks, typed (``decoder.blocks`` is an ``nn.ModuleList``)."""
+        return cast("list[DecoderBlock]", list(self.decoder.blocks))
 
     def decode(self, tgt: torch.Tensor, memory_kv: list[tuple[torch.Tensor, torch.Tensor]],
                src_keep: torch.Tensor | None = None, kv_caches: list[KVCache] | None = None) -> torch.Tensor:
@@ -178,7 +187,7 @@ class Transformer(nn.Module):
         """Like ``decode``, also returning every block's cross-attention weights (B, H, T, S)."""
         caches: list[KVCache | None] = list(kv_caches) if kv_caches else [None] * len(self.decoder.blocks)
         maps = []
-        for block, kv, cache in zip(self.decoder.blocks, memory_kv, caches, strict=True):
+        for block, kv, cache in zip(self.decoder_blocks(), memory_kv, caches, strict=True):
             tgt, weights = block.forward_with_weights(tgt, kv, src_keep, kv_cache=cache)
             maps.append(weights)
         return self.decoder.final_norm(tgt), maps
@@ -220,7 +229,7 @@ def _copy_norm(ours: LayerNorm, theirs: nn.LayerNorm) -> None:
     ours.beta.copy_(theirs.bias)
 
 
-def _copy_ffn(ours: FeedForward, theirs: nn.Module) -> None:
+def _copy_ffn(ours: FeedForward, theirs: nn.TransformerEncoderLayer | nn.TransformerDecoderLayer) -> None:
     _copy_linear(ours.W_in, theirs.linear1.weight, theirs.linear1.bias)
     _copy_linear(ours.W_out, theirs.linear2.weight, theirs.linear2.bias)
 
@@ -245,17 +254,17 @@ def transformer_from_torch(ref: nn.Transformer) -> Transformer:
     model = Transformer(ref.d_model, ref.nhead, len(enc_layers), len(dec_layers),
                         d_ff=first.linear1.out_features, activation=_activation_name(first),
                         norm_first=first.norm_first, eps=first.norm1.eps, bias=first.linear1.bias is not None)
-    for ours, theirs in zip(model.encoder.blocks, enc_layers, strict=True):
-        _copy_attention(ours.attn, theirs.self_attn)
-        _copy_ffn(ours.ffn, theirs)
-        _copy_norm(ours.norm1, theirs.norm1)
-        _copy_norm(ours.norm2, theirs.norm2)
-    for ours, theirs in zip(model.decoder.blocks, dec_layers, strict=True):
-        _copy_attention(ours.self_attn, theirs.self_attn)
-        _copy_attention(ours.cross_attn, theirs.multihead_attn)
-        _copy_ffn(ours.ffn, theirs)
+    for ours, theirs in zip(cast("list[TransformerBlock]", model.encoder.blocks), enc_layers, strict=True):
+        _copy_attention(cast(MultiHeadAttention, ours.attn), theirs.self_attn)
+        _copy_ffn(cast(FeedForward, ours.ffn), theirs)
+        _copy_norm(cast(LayerNorm, ours.norm1), theirs.norm1)
+        _copy_norm(cast(LayerNorm, ours.norm2), theirs.norm2)
+    for block, theirs in zip(model.decoder_blocks(), dec_layers, strict=True):
+        _copy_attention(block.self_attn, theirs.self_attn)
+        _copy_attention(block.cross_attn, theirs.multihead_attn)
+        _copy_ffn(block.ffn, theirs)
         for i in (1, 2, 3):
-            _copy_norm(getattr(ours, f"norm{i}"), getattr(theirs, f"norm{i}"))
+            _copy_norm(getattr(block, f"norm{i}"), getattr(theirs, f"norm{i}"))
     _copy_norm(model.encoder.final_norm, ref.encoder.norm)
     _copy_norm(model.decoder.final_norm, ref.decoder.norm)
     return model.eval()

@@ -9,6 +9,8 @@ Shapes: ``B`` batch, ``T`` sequence length, ``V`` vocabulary, ``H`` heads, ``S``
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -119,10 +121,11 @@ def generate(model: nn.Module, idx: torch.Tensor, max_new_tokens: int, temperatu
                          "for one prompt use idx[None]")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    max_len = model.config.max_len
+    config: Any = model.config  # any model with a config holding max_len and n_layers
+    max_len = config.max_len
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
-    cacheable = use_cache and idx.shape[1] <= max_len and model.config.n_layers > 0  # a bigram model has no keys
-    cache = ModelKVCache(model.config.n_layers) if cacheable else None
+    cacheable = use_cache and idx.shape[1] <= max_len and config.n_layers > 0  # a bigram model has no keys
+    cache = ModelKVCache(config.n_layers) if cacheable else None
     was_training = model.training
     model.eval()
     out = idx

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -75,7 +76,7 @@ class GGUFFile:
 
     path: Path
     version: int
-    metadata: dict[str, object]
+    metadata: dict[str, Any]  # numbers, strings, and lists of them
     tensors: dict[str, Tensor] = field(repr=False)
 
     def tensor(self, name: str) -> Tensor:
@@ -93,7 +94,7 @@ def _reader(path: Path):
     class Reader(GGUFReader):
         def _get(self, offset, dtype, count=1, override_order=None):
             if type(self.data) is np.memmap:
-                self.data = self.data.view(np.ndarray)  # the same bytes, still mapped from the file
+                self.data = self.data.view(np.ndarray)  # type: ignore[assignment]  # the same bytes, still mapped
             return super()._get(offset, dtype, count, override_order)
 
     return Reader(path)
@@ -109,7 +110,7 @@ def read(path: str | Path) -> GGUFFile:
     except (ValueError, OSError, IndexError, KeyError) as err:  # gguf says "not a GGUF file" or fails mid-table
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise GGUFError(f"{path.name} is not a readable GGUF file ({reason}); delete it and fetch it again") from None
-    metadata: dict[str, object] = {}
+    metadata: dict[str, Any] = {}
     for key, value in reader.fields.items():
         if key.startswith("GGUF."):
             continue
@@ -122,7 +123,7 @@ def read(path: str | Path) -> GGUFFile:
     return GGUFFile(path, version, metadata, tensors)
 
 
-def _get(file: GGUFFile, key: str) -> object:
+def _get(file: GGUFFile, key: str) -> Any:
     if key not in file.metadata:
         raise GGUFError(f"{file.path.name} lacks the metadata key {key!r}; it is not a complete LLaMA model file")
     return file.metadata[key]

@@ -16,6 +16,7 @@ Shapes: ``B`` batch, ``T`` sequence length, ``D`` = d_model, ``V`` vocabulary, `
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -76,8 +77,11 @@ class GPT(nn.Module):
         at 0.02/√(2L), so the stream's variance does not grow with depth (each block adds two such
         terms). Modules are visited in registration order, so the random draws come in the order of
         ``named_parameters()``."""
-        residual = {block.attn.W_O for block in self.blocks} | {block.ffn.W_out for block in self.blocks
-                                                                 if block.ffn is not None}
+        residual: set[nn.Module] = set()
+        for block in self.blocks:  # each built by gpt_block: a MultiHeadAttention, a FeedForward or None
+            residual.add(cast(MultiHeadAttention, block.attn).W_O)
+            if block.ffn is not None:
+                residual.add(cast(FeedForward, block.ffn).W_out)
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 std = INIT_STD / math.sqrt(2 * self.config.n_layers) if module in residual else INIT_STD

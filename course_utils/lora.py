@@ -51,9 +51,9 @@ class LoRALinear(nn.Module):
             raise ValueError(f"alpha must be positive (the update is scaled by alpha/rank), got {alpha!r}")
         self.base = base.requires_grad_(False)
         self.rank, self.alpha = rank, float(alpha)
-        factory = {"device": base.weight.device, "dtype": base.weight.dtype}
-        self.A = nn.Parameter(torch.empty(rank, in_features, **factory))
-        self.B = nn.Parameter(torch.zeros(out_features, rank, **factory))
+        device, dtype = base.weight.device, base.weight.dtype
+        self.A = nn.Parameter(torch.empty(rank, in_features, device=device, dtype=dtype))
+        self.B = nn.Parameter(torch.zeros(out_features, rank, device=device, dtype=dtype))
         nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))  # nn.Linear's own init, as peft does
         self.merged = False
 
@@ -167,7 +167,8 @@ def fingerprint(model: nn.Module) -> dict:
     """What an adapter must match: the model's config (when it has one; not the attention path or the
     dropout, ``NOT_IDENTITY``) and its parameter count."""
     config = getattr(model, "config", None)
-    described = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {}
+    described = (dataclasses.asdict(config)
+                 if dataclasses.is_dataclass(config) and not isinstance(config, type) else {})
     base = sum(p.numel() for name, p in model.named_parameters() if not name.endswith((".A", ".B")))
     plain = {k: v for k, v in described.items() if isinstance(v, (int, float, str, bool, type(None)))}
     return {"config": _identity(plain), "base_parameters": base}

@@ -184,7 +184,13 @@ class CharTokenizer:
         return cls(state["chars"])
 
 
-TOKENIZERS: dict[str, type] = {cls.kind: cls for cls in (CharTokenizer, BPETokenizer, PretrainedBPETokenizer)}
+class TokenizerClass(Protocol):
+    """A tokenizer class as the registry holds it: it rebuilds its instances from ``to_dict()``."""
+
+    def from_dict(self, state: dict) -> Tokenizer: ...
+
+
+TOKENIZERS: dict[str, TokenizerClass] = {cls.kind: cls for cls in (CharTokenizer, BPETokenizer, PretrainedBPETokenizer)}
 
 
 def load_tokenizer(state: dict) -> Tokenizer:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -403,6 +403,7 @@ class Run:
 
     cfg: TrainConfig
     raw: nn.Module  # the model itself: its state_dict is what checkpoints hold
+    model: nn.Module  # what the steps call: ``raw``, compiled and/or wrapped in DDP once ``set_up`` is done
     optimizer: torch.optim.Optimizer
     where: Dist
     dtype: torch.dtype  # autocast precision: bfloat16 or float32
@@ -412,7 +413,6 @@ class Run:
     start: float  # perf_counter() at which the run's elapsed time was 0 (earlier for a resumed run)
     tokenizer: Tokenizer | None = None
     out_dir: Path | None = None
-    model: nn.Module | None = None  # what the steps call: ``raw``, compiled and/or wrapped in DDP
     step: int = 0
     max_steps: int = 0
     history: History = field(default_factory=History)
@@ -432,7 +432,8 @@ def _draw(data: torch.Tensor | Draw, cfg: TrainConfig, model: nn.Module, where: 
     """A batch source: the function given, or the windows of a 1-D token tensor (T = model.config.max_len)."""
     if callable(data):
         return data
-    return windows(data, cfg.batch_size, model.config.max_len, where)
+    config: Any = model.config  # a language model's: GPTConfig, or any config with max_len
+    return windows(data, cfg.batch_size, config.max_len, where)
 
 
 def set_up(model: nn.Module, train_data: torch.Tensor | Draw, val_data: torch.Tensor | Draw | None,
@@ -452,7 +453,7 @@ def set_up(model: nn.Module, train_data: torch.Tensor | Draw, val_data: torch.Te
     draws = {"train": _draw(train_data, cfg, raw, where)}
     if val_data is not None:
         draws["val"] = _draw(val_data, cfg, raw, where)
-    run = Run(cfg, raw, make_optimizer(raw, cfg, where.device), where, autocast_dtype(cfg, where.device),
+    run = Run(cfg, raw, raw, make_optimizer(raw, cfg, where.device), where, autocast_dtype(cfg, where.device),
               draws, loss_fn, torch.Generator().manual_seed(cfg.seed),
               start=time.perf_counter() if clock is None else clock, tokenizer=tokenizer,
               out_dir=Path(out_dir) if out_dir is not None else None, max_steps=cfg.max_iters)
@@ -484,7 +485,7 @@ def _wrap(raw: nn.Module, cfg: TrainConfig, where: Dist) -> nn.Module:
     several processes."""
     model = raw
     if compiles(cfg, where.device):
-        model = torch.compile(raw)
+        model = cast(nn.Module, torch.compile(raw))  # an OptimizedModule around raw
     if where.world_size > 1:
         model = nn.parallel.DistributedDataParallel(model, device_ids=[where.device.index]
                                                     if where.device.type == "cuda" else None)
@@ -502,7 +503,8 @@ def train_step(run: Run) -> None:
     for micro in range(cfg.grad_accum):
         batch = tuple(t.to(where.device, non_blocking=True) for t in run.draws["train"](run.batches))
         sync = micro == cfg.grad_accum - 1 or where.world_size == 1
-        with (contextlib.nullcontext() if sync else run.model.no_sync()), autocast(where.device, run.dtype):
+        no_sync = contextlib.nullcontext if sync else cast(nn.parallel.DistributedDataParallel, run.model).no_sync
+        with no_sync(), autocast(where.device, run.dtype):
             loss = run.loss_fn(run.model, *batch)
         (loss / cfg.grad_accum).backward()
         loss_sum += loss.detach().float() / cfg.grad_accum
@@ -559,9 +561,10 @@ def save(run: Run) -> None:
     """Phase 4: an atomic checkpoint of everything needed to continue exactly (rank 0 writes it)."""
     if run.out_dir is None or not run.where.is_main:
         return
+    config: Any = run.raw.config  # a dataclass: GPTConfig, or another model's config
     save_checkpoint(run.out_dir / CHECKPOINT, {
         "model": run.raw.state_dict(), "optimizer": run.optimizer.state_dict(), "step": run.step,
-        "elapsed": run.elapsed, "history": asdict(run.history), "model_config": asdict(run.raw.config),
+        "elapsed": run.elapsed, "history": asdict(run.history), "model_config": asdict(config),
         "train_config": asdict(run.cfg), "tokenizer": run.tokenizer.to_dict() if run.tokenizer is not None else None,
         "rng": {"batches": run.batches.get_state(), "torch": torch.get_rng_state(),
                 "device": _device_rng_state(run.where.device)}})
