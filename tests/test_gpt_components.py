@@ -1,6 +1,7 @@
 """The component switches of GPTConfig: exact counts for every combination, grouped-query attention,
 RoPE/ALiBi inside attention, the KV cache with each of them, and the error messages."""
 
+import contextlib
 import itertools
 import math
 from dataclasses import replace
@@ -326,10 +327,11 @@ def test_generate_with_a_bigram_model_and_no_blocks():
     assert out[0].tolist() == expected
 
 
-@pytest.mark.parametrize("sdpa", [True, False])
-def test_rope_table_is_computed_once_per_forward_and_passed_down(sdpa, monkeypatch):
+@pytest.mark.parametrize("sdpa, precision", [(True, None), (False, None), (True, torch.bfloat16)])
+def test_rope_table_is_computed_once_per_forward_and_passed_down(sdpa, precision, monkeypatch):
     """GPT.forward makes RoPE's cos/sin once for all its blocks (no layer computes its own, no
-    table is kept between calls), and the logits equal those of layers that each make their own."""
+    table is kept between calls), and the logits equal those of layers that each make their own,
+    under autocast too (the table is made in the precision of the queries)."""
     from course_utils import attention, gpt
 
     model = GPT(GPTConfig(**SMALL, position="rope", n_kv_heads=2, sdpa=sdpa)).eval()
@@ -344,14 +346,16 @@ def test_rope_table_is_computed_once_per_forward_and_passed_down(sdpa, monkeypat
 
     monkeypatch.setattr(gpt, "rope_table", counted("model", attention.rope_table))
     monkeypatch.setattr(attention, "rope_table", counted("layer", attention.rope_table))
-    with torch.no_grad():
+    autocast = torch.autocast("cpu", dtype=precision) if precision else contextlib.nullcontext()
+    with torch.no_grad(), autocast:
         logits, _ = model(idx)
         model(idx)
         x = model.drop(model.token_embedding(idx))
         for block in model.blocks:  # no table handed down: each attention layer computes its own
             x = block(x, causal=True)
+        by_layers = F.linear(model.final_norm(x), model.token_embedding.weight)
     assert calls == {"model": 2, "layer": SMALL["n_layers"]}
-    torch.testing.assert_close(logits, F.linear(model.final_norm(x), model.token_embedding.weight), rtol=0, atol=0)
+    torch.testing.assert_close(logits, by_layers, rtol=0, atol=0)
 
 
 def test_attention_alone_computes_its_own_rope_table():
@@ -371,3 +375,13 @@ def test_attention_alone_computes_its_own_rope_table():
         by_hand = attn.W_O(merge_heads(out))
     assert torch.equal(alone, given)
     torch.testing.assert_close(alone, by_hand)
+
+
+def test_rope_inside_the_forward_keeps_a_compiled_graph_whole():
+    """The table is computed inside GPT.forward, so torch.compile traces it with the rest: one graph,
+    no break (the eager back-end checks the tracing without compiling kernels)."""
+    model = GPT(GPTConfig(**SMALL, position="rope", norm="rmsnorm")).eval()
+    idx = torch.randint(0, 37, (2, 9))
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        assert torch.equal(compiled(idx)[0], model(idx)[0])
