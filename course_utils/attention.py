@@ -274,8 +274,7 @@ def with_alibi(mask: torch.Tensor | None, n_heads: int, T: int, S: int, dtype: t
 RopeTable = tuple[torch.Tensor, torch.Tensor]  # RoPE's (cos, sin), (T, d/2) each
 
 
-def rope_table(offset: int, T: int, d: int, base: float, dtype: torch.dtype,
-               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_table(offset: int, T: int, d: int, base: float, dtype: torch.dtype, device: torch.device) -> RopeTable:
     """RoPE's cos and sin (T, d/2) at positions offset .. offset + T − 1 (``positional.rope_angles``).
 
     Every block of one forward pass rotates by the same angles, so a model computes this once per
@@ -370,8 +369,8 @@ class MultiHeadAttention(nn.Module):
         k = split_heads(self.W_K(x), self.n_kv_heads)  # (B, H_kv, T, d_k)
         v = split_heads(self.W_V(x), self.n_kv_heads)  # (B, H_kv, T, d_v)
         if self.rope_base is not None:
-            offset = 0 if kv_cache is None else len(kv_cache)
-            if rope is None:
+            if rope is None:  # used alone: the table of these T positions, after the cached ones
+                offset = 0 if kv_cache is None else len(kv_cache)
                 rope = rope_table(offset, q.shape[-2], self.d_k, self.rope_base, q.dtype, q.device)
             q, k = rotate_qk(q, k, *rope)
         if kv_cache is not None:
