@@ -6,7 +6,10 @@ read-only; at ``/course`` a clean export of the course's two packages (tracked s
 references, the lesson's taught functions removed: ``course_tools.grading.export``); its own job
 folder read-only; a private, size-limited ``/tmp``, ``$HOME``, ``/dev/shm`` and output folder; no
 network; its own PID, IPC and user namespaces (it runs as ``nobody``); a fresh session keyring and
-a seccomp filter refusing the keyring calls (``course_tools.grading.seccomp``); an allow-listed
+a seccomp filter refusing the keyring calls and file locks (``course_tools.grading.seccomp``: locks
+on the files all sandboxes share were a channel between two of them); ``/proc`` files that count
+for the whole machine (load, CPU and memory use, uptime, pressure, the boot id) masked by neutral
+copies (``ProcMasks``), so no submission's feedback carries the host's activity; an allow-listed
 environment. bubblewrap reads its options from a pipe, so the sandbox's command line shows no
 host paths. Memory, process count and CPU are capped for the sandbox as a whole with a cgroup (v1
 or v2, where this process may create one: at most ``Caps.cpus`` processors' worth of CPU time),
@@ -107,6 +110,43 @@ def environment(home: str, tmp: str, threads: int, course: str, data: str | None
     if data:
         env["COURSE_DATA"] = data
     return env
+
+
+# /proc files that count for the whole machine, not the sandbox: each is masked by a read-only copy
+# with plausible fixed content. /proc/stat keeps one line per processor (glibc counts them there
+# when /sys is absent, as here: os.cpu_count, torch and numpy's thread pools) and /proc/meminfo
+# states the sandbox's own memory cap.
+PRESSURE = "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+EMPTY_COUNTERS = ("vmstat", "diskstats", "interrupts", "softirqs", "schedstat", "zoneinfo", "buddyinfo", "locks",
+                  "sys/fs/file-nr", "sys/fs/inode-nr", "sys/kernel/random/entropy_avail")
+
+
+def proc_masks(processors: int, memory_mb: int) -> dict[str, str]:
+    """/proc path (relative) -> the neutral text the sandbox reads there instead."""
+    zeros = " 0" * 10
+    stat = f"cpu {zeros}\n" + "".join(f"cpu{n}{zeros}\n" for n in range(processors))
+    stat += "intr 0\nctxt 0\nbtime 0\nprocesses 0\nprocs_running 1\nprocs_blocked 0\nsoftirq 0\n"
+    kb = memory_mb * 1024
+    meminfo = "".join(f"{name}:{value:>16} kB\n" for name, value in (
+        ("MemTotal", kb), ("MemFree", kb), ("MemAvailable", kb), ("Buffers", 0), ("Cached", 0),
+        ("SwapCached", 0), ("SwapTotal", 0), ("SwapFree", 0), ("Shmem", 0)))
+    masks = {"loadavg": "0.00 0.00 0.00 1/1 1\n", "uptime": "0.00 0.00\n", "stat": stat, "meminfo": meminfo,
+             "sys/kernel/random/boot_id": "00000000-0000-4000-8000-000000000000\n"}
+    masks |= {f"pressure/{kind}": PRESSURE for kind in ("cpu", "io", "memory", "irq")}
+    masks |= {name: "" for name in EMPTY_COUNTERS}
+    return {name: text for name, text in masks.items() if os.path.exists(f"/proc/{name}")}
+
+
+def write_proc_masks(folder: Path, caps: Caps) -> dict[str, Path]:
+    """The masks written as read-only files in ``folder``: /proc path (relative) -> file to bind over it."""
+    folder.chmod(0o755)
+    memory_mb = caps.memory_mb if caps.memory_mb > 0 else Caps.memory_mb
+    files = {}
+    for name, text in proc_masks(os.cpu_count() or 1, memory_mb).items():
+        files[name] = folder / name.replace("/", "-")
+        files[name].write_text(text)
+        files[name].chmod(0o444)
+    return files
 
 
 class Cgroup:
@@ -252,8 +292,11 @@ class Sandbox:
         self.limiter = "none"
         self.data = data_folder()
         self.exports: dict[str | None, Path] = {}
+        masks = Path(tempfile.mkdtemp(prefix="course-grade-proc-"))
+        self.proc_masks = write_proc_masks(masks, caps)
         self._export_lock = threading.Lock()
         self._finalizer = weakref.finalize(self, _remove_all, self.exports)
+        self._masks_finalizer = weakref.finalize(self, shutil.rmtree, masks, True)
 
     def check(self) -> None:
         """Make one sandbox that runs this Python, and probe for a cgroup; raise SandboxError naming the fix."""
@@ -285,7 +328,8 @@ class Sandbox:
             caps = f"no cgroup here: per-process rlimits (address space {self.caps.memory_mb} MB), no CPU share"
         if not self.enabled:
             return f"NO SANDBOX (--no-sandbox: submissions run as this user and can see this machine); {caps}"
-        return f"bubblewrap sandbox per submission, keyring calls filtered; {caps}"
+        return ("bubblewrap sandbox per submission, keyring calls and file locks filtered, /proc counters masked; "
+                + caps)
 
     def export(self, lesson: str | None, pristine_sources: list[str] | None = None) -> Path:
         """The course export for ``lesson`` (made once per grading run)."""
@@ -322,7 +366,10 @@ class Sandbox:
                 args += ["--ro-bind", path, path]
         for path in SYSTEM_FILES:
             args += ["--ro-bind-try", path, path]
-        args += ["--proc", "/proc", "--ro-bind", "/dev/null", "/proc/keys", "--dev", "/dev",
+        args += ["--proc", "/proc", "--ro-bind", "/dev/null", "/proc/keys"]
+        for name, path in self.proc_masks.items():
+            args += ["--ro-bind", str(path), f"/proc/{name}"]
+        args += ["--dev", "/dev",
                  "--size", str(self.caps.shm_mb * 2**20), "--tmpfs", "/dev/shm"]
         args += ["--size", str(self.caps.tmp_mb * 2**20), "--tmpfs", "/tmp",
                  "--size", str(self.caps.home_mb * 2**20), "--tmpfs", HOME]

@@ -1,4 +1,5 @@
-"""The kernel keyrings, out of a submission's reach: a seccomp filter and a fresh session keyring.
+"""The kernel keyrings and file locks, out of a submission's reach: a seccomp filter and a fresh
+session keyring.
 
 Linux keeps secrets in kernel keyrings (a Kerberos login's ticket cache, for one) that every
 process of the session can reach through three system calls, whatever its namespaces: a user
@@ -13,6 +14,19 @@ namespace does not hide them and bubblewrap adds no filter of its own. So each s
   through another architecture's system-call table (``int 0x80``) end the process
   (libseccomp's default for architectures outside the filter).
 
+The same filter refuses file locks (``flock`` and ``fcntl``'s lock commands) with ENOLCK, "no locks
+available", the answer a filesystem without lock support gives. A lock lives on the file's inode, and
+concurrent sandboxes share inodes they cannot write: the system's Python, the course export, the
+host's ``/dev/null``. Taking and probing locks on them was a covert channel between two submissions
+graded at once (issue 48: one spelled its answer in locks, the other read and ran it). Private copies
+of every lockable file are out of reach (the whole Python installation), and a mount namespace of
+its own does not help (a bind mount is the same inode), so no process in a sandbox may lock at
+all. What runs there copes: IPython keeps its history in memory when its SQLite file cannot be
+locked, and Python, numpy, torch and the kernel take no locks. ``F_GETLK`` and ``F_OFD_GETLK`` are
+refused too (they would show the locks of processes outside the sandbox). ``sysinfo``, which returns
+the machine's load, uptime and free memory whatever ``/proc`` shows (glibc's ``getloadavg`` uses it),
+fails with ENOSYS; the sandbox masks those files in ``/proc`` (``course_tools.grading.sandbox``).
+
 Where ``pyseccomp`` or ``libseccomp2`` is missing, ``available()`` says so and the grader refuses to
 grade in a sandbox: a NOTE in the gradebook would not take back a secret already read.
 """
@@ -24,6 +38,11 @@ import os
 import tempfile
 
 BLOCKED_CALLS = ("add_key", "keyctl", "request_key")
+LOCK_CALL = "flock"
+HOST_COUNTERS_CALL = "sysinfo"
+# fcntl's lock commands (<fcntl.h>, the same numbers on every Linux architecture): F_GETLK, F_SETLK,
+# F_SETLKW, F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW.
+FCNTL_LOCKS = (5, 6, 7, 36, 37, 38)
 KEYCTL_JOIN_SESSION_KEYRING = 1
 # Run as ``python -S -c LAUNCHER KEYCTL_NR PROGRAM ARGS...``: join a fresh session keyring, then exec.
 LAUNCHER = ("import ctypes, os, sys\n"
@@ -50,13 +69,19 @@ def available() -> str | None:
 
 
 def build():
-    """The filter: allow everything but the keyring calls, which fail with EPERM."""
+    """The filter: allow everything but the keyring calls, which fail with EPERM, file locks, which
+    fail with ENOLCK, and ``sysinfo``, which fails with ENOSYS."""
     seccomp = _library()
     if seccomp is None:
         raise RuntimeError(MISSING)
     rules = seccomp.SyscallFilter(seccomp.ALLOW)
     for call in BLOCKED_CALLS:
         rules.add_rule(seccomp.ERRNO(errno.EPERM), call)
+    rules.add_rule(seccomp.ERRNO(errno.ENOSYS), HOST_COUNTERS_CALL)
+    rules.add_rule(seccomp.ERRNO(errno.ENOLCK), LOCK_CALL)
+    for command in FCNTL_LOCKS:
+        # the kernel reads cmd as 32 bits: compare those only, or high bits set by hand would slip past
+        rules.add_rule(seccomp.ERRNO(errno.ENOLCK), "fcntl", seccomp.Arg(1, seccomp.MASKED_EQ, 0xFFFFFFFF, command))
     return rules
 
 

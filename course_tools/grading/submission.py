@@ -1,7 +1,9 @@
 """Reading a submitted notebook without trusting it, and rebuilding it for grading.
 
 A submission is only read for two things: the lesson it claims and the source of each answer
-cell. Size and cell count are checked before the JSON is parsed, every field is type-checked, and
+cell. Size, and the number of values the JSON would build, are checked before it is parsed (16 MB
+of empty lists in the metadata made the parse build five million objects: the grader's peak memory
+doubled); the cell count after, every field is type-checked, and
 every problem becomes a ``SubmissionError`` whose message is the student's status line.
 """
 
@@ -20,6 +22,8 @@ from course_tools.grading.text import clean
 
 MAX_BYTES = 16 * 2**20
 MAX_CELLS = 2000
+MAX_JSON_VALUES = 200_000  # a lesson notebook with its outputs holds under 3,000; this bounds the parse to ~40 MB
+JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 MAX_SOURCE = 200_000  # characters per answer cell
 GRADER_CELL = "course_grade"  # metadata key on the cells the grader adds or times
 # Naming the references in an answer cell is flagged even when the import is hidden at run time.
@@ -80,10 +84,21 @@ def _answer_id(cell: object) -> str | None:
     return grade_id[:200]
 
 
+def json_values(raw: bytes) -> int:
+    """At most how many values (and keys) ``json.loads(raw)`` would build, counted without parsing:
+    outside strings, every value but the first follows a comma or opens a container's first item."""
+    outside = JSON_STRING.sub(b"", raw)
+    return outside.count(b",") + outside.count(b"[") + outside.count(b"{") + 1
+
+
 def parse(raw: bytes) -> Parsed:
     """The lesson and answer cells of a notebook file's bytes, or SubmissionError."""
     if not raw.strip():
         raise SubmissionError("empty file")
+    values = json_values(raw)
+    if values > MAX_JSON_VALUES:
+        raise SubmissionError(f"too many JSON values ({values}; limit {MAX_JSON_VALUES}): "
+                              "submit the notebook as the course gave it, without added metadata")
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
