@@ -14,15 +14,18 @@ namespace does not hide them and bubblewrap adds no filter of its own. So each s
   through another architecture's system-call table (``int 0x80``) end the process
   (libseccomp's default for architectures outside the filter).
 
-The same filter refuses file locks (``flock`` and ``fcntl``'s lock commands) with ENOLCK, "no locks
-available", the answer a filesystem without lock support gives. A lock lives on the file's inode, and
-concurrent sandboxes share inodes they cannot write: the system's Python, the course export, the
-host's ``/dev/null``. Taking and probing locks on them was a covert channel between two submissions
-graded at once (issue 48: one spelled its answer in locks, the other read and ran it). Private copies
-of every lockable file are out of reach (the whole Python installation), and a mount namespace of
-its own does not help (a bind mount is the same inode), so no process in a sandbox may lock at
-all. What runs there copes: IPython keeps its history in memory when its SQLite file cannot be
-locked, and Python, numpy, torch and the kernel take no locks. ``F_GETLK`` and ``F_OFD_GETLK`` are
+The same filter refuses file locks (``flock`` and ``fcntl``'s lock commands) with ENOSYS, "not
+implemented". A lock lives on the file's inode, and concurrent sandboxes share inodes they cannot
+write: the system's Python, the course export, the host's ``/dev/null``. Taking and probing locks on
+them was a covert channel between two submissions graded at once (issue 48: one spelled its answer
+in locks, the other read and ran it). Private copies of every lockable file are out of reach (the
+whole Python installation), and a mount namespace of its own does not help (a bind mount is the same
+inode), so no process in a sandbox may lock at all. ENOSYS, because what runs there then fails at
+once and clearly: SQLite reports an I/O error and IPython keeps its history in memory (ENOLCK, "no
+locks available", makes SQLite retry as if busy: opening IPython's history took 21 s, not 1), and the
+``filelock`` package falls back to lock files made with ``O_EXCL`` (it reads ENOSYS as a filesystem
+without ``flock``; EPERM is an error), which a sandbox can only make in its own private folders.
+Python, numpy, torch and the kernel take no locks otherwise. ``F_GETLK`` and ``F_OFD_GETLK`` are
 refused too (they would show the locks of processes outside the sandbox). ``sysinfo``, which returns
 the machine's load, uptime and free memory whatever ``/proc`` shows (glibc's ``getloadavg`` uses it),
 fails with ENOSYS; the sandbox masks those files in ``/proc`` (``course_tools.grading.sandbox``).
@@ -69,8 +72,8 @@ def available() -> str | None:
 
 
 def build():
-    """The filter: allow everything but the keyring calls, which fail with EPERM, file locks, which
-    fail with ENOLCK, and ``sysinfo``, which fails with ENOSYS."""
+    """The filter: allow everything but the keyring calls, which fail with EPERM, and file locks and
+    ``sysinfo``, which fail with ENOSYS."""
     seccomp = _library()
     if seccomp is None:
         raise RuntimeError(MISSING)
@@ -78,10 +81,10 @@ def build():
     for call in BLOCKED_CALLS:
         rules.add_rule(seccomp.ERRNO(errno.EPERM), call)
     rules.add_rule(seccomp.ERRNO(errno.ENOSYS), HOST_COUNTERS_CALL)
-    rules.add_rule(seccomp.ERRNO(errno.ENOLCK), LOCK_CALL)
+    rules.add_rule(seccomp.ERRNO(errno.ENOSYS), LOCK_CALL)
     for command in FCNTL_LOCKS:
         # the kernel reads cmd as 32 bits: compare those only, or high bits set by hand would slip past
-        rules.add_rule(seccomp.ERRNO(errno.ENOLCK), "fcntl", seccomp.Arg(1, seccomp.MASKED_EQ, 0xFFFFFFFF, command))
+        rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "fcntl", seccomp.Arg(1, seccomp.MASKED_EQ, 0xFFFFFFFF, command))
     return rules
 
 
