@@ -9,7 +9,7 @@ network; its own PID, IPC and user namespaces (it runs as ``nobody``); a fresh s
 a seccomp filter refusing the keyring calls and file locks (``course_tools.grading.seccomp``: locks
 on the files all sandboxes share were a channel between two of them); ``/proc`` files that count
 for the whole machine (load, CPU and memory use, uptime, pressure, the boot id) masked by neutral
-copies (``ProcMasks``), so no submission's feedback carries the host's activity; an allow-listed
+copies (``proc_masks``), so no submission's feedback carries the host's activity; an allow-listed
 environment. bubblewrap reads its options from a pipe, so the sandbox's command line shows no
 host paths. Memory, process count and CPU are capped for the sandbox as a whole with a cgroup (v1
 or v2, where this process may create one: at most ``Caps.cpus`` processors' worth of CPU time),

@@ -1,10 +1,10 @@
 """Reading a submitted notebook without trusting it, and rebuilding it for grading.
 
 A submission is only read for two things: the lesson it claims and the source of each answer
-cell. Size, and the number of values the JSON would build, are checked before it is parsed (16 MB
-of empty lists in the metadata made the parse build five million objects: the grader's peak memory
-doubled); the cell count after, every field is type-checked, and
-every problem becomes a ``SubmissionError`` whose message is the student's status line.
+cell. Size, and how many values the JSON would build, are checked before it is parsed (16 MB of
+empty lists in the metadata made the parse build five million objects and doubled the grader's peak
+memory), the cell count after; every field is type-checked, and every problem becomes a
+``SubmissionError`` whose message is the student's status line.
 """
 
 from __future__ import annotations
