@@ -34,13 +34,18 @@ DESCRIPTION = ("The Transformer course's command: check the setup, run and grade
                "sample a GPT, chat with SmolLM2, build slides. `course X --help` describes X.")
 
 
-def parser() -> argparse.ArgumentParser:
-    """``course`` with every subcommand registered."""
-    p = argparse.ArgumentParser(prog="course", description=DESCRIPTION)
+def command_parser(prog: str, description: str, commands: dict) -> argparse.ArgumentParser:
+    """A command (``course``, ``course-dev``) with each module of ``commands`` registering its subcommand."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
     sub = p.add_subparsers(dest="command", required=True)
-    for module in COMMANDS.values():
+    for module in commands.values():
         module.add_parser(sub)
     return p
+
+
+def parser() -> argparse.ArgumentParser:
+    """``course`` with every subcommand registered."""
+    return command_parser("course", DESCRIPTION, COMMANDS)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from course_tools.cli import command_parser
 from course_tools.dev import bench, gpu_check
 
 # subcommand -> the module that registers it with add_parser(subparsers)
@@ -23,11 +24,7 @@ DESCRIPTION = ("The Transformer course's developer tools: benchmarks against ref
 
 def parser() -> argparse.ArgumentParser:
     """``course-dev`` with every subcommand registered."""
-    p = argparse.ArgumentParser(prog="course-dev", description=DESCRIPTION)
-    sub = p.add_subparsers(dest="command", required=True)
-    for module in COMMANDS.values():
-        module.add_parser(sub)
-    return p
+    return command_parser("course-dev", DESCRIPTION, COMMANDS)
 
 
 def main(argv: list[str] | None = None) -> int:
