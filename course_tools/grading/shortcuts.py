@@ -360,7 +360,8 @@ def apply(sub, parsed, base) -> bool:
     answers = read[len(read) - len(cells):]
     resolver = _Resolver([s for s in read if s["ok"]], frozenset().union(*per_exercise.values()))
     scores = {score.name: score for score in sub.exercises}
-    reasons: dict[str, str] = {}
+    called: dict[str, set[str]] = {}  # exercise -> the taught names its cells reach
+    reasons: dict[str, str] = {}  # exercise -> why else it scores 0 (the first one found)
     for (grade_id, _), summary in zip(cells, answers, strict=True):
         charged = [grade_id] if grade_id in scores else [n for n in per_exercise if n in scores]
         if not summary["ok"]:
@@ -374,12 +375,13 @@ def apply(sub, parsed, base) -> bool:
             hits = reached & per_exercise.get(name, set())
             reachable = per_exercise.get(name, set()) & kept
             if hits:
-                called = ", ".join(sorted(hits))
-                reasons.setdefault(name, f"the answer calls {called}, which this exercise teaches (scored 0)")
+                called.setdefault(name, set()).update(hits)
             elif summary["dynamic"] and reachable:
                 how = ", ".join(summary["dynamic"])
                 reasons.setdefault(name, f"the answer looks names up dynamically ({how}), which can reach "
                                          f"{', '.join(sorted(reachable))}, which this exercise teaches (scored 0)")
+    reasons.update({name: f"the answer calls {', '.join(sorted(hits))}, which this exercise teaches (scored 0)"
+                    for name, hits in called.items()})
     for score in sub.exercises:
         if score.name not in reasons and MARKER in score.status:
             reasons[score.name] = "the answer calls a removed library function, which this exercise teaches (scored 0)"
