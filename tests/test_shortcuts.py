@@ -14,6 +14,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from test_grade_attacks import _grade, needs_sandbox
 
 from course_tools.grading import cell_summary, export, shortcuts, submission
 from course_tools.grading.report import ExerciseScore, Submission
@@ -161,25 +162,26 @@ def test_a_built_name_is_left_to_the_export_where_the_taught_function_is_removed
 # --- 4. a cell the check cannot read scores 0, with its reason --------------------------------------
 
 def test_a_syntax_error_scores_that_exercise_zero_with_its_line():
-    status = zeroed(judged("12_real_llm", {"q8_0_roundtrip": "def q8_0_roundtrip(x):\n    return (x\n"}))
-    assert "does not parse" in status["q8_0_roundtrip"] and "line" in status["q8_0_roundtrip"]
+    sub = judged("12_real_llm", {"q8_0_roundtrip": "def q8_0_roundtrip(x):\n    return (x\n"})
+    status = zeroed(sub)["q8_0_roundtrip"]
+    assert "does not parse (SyntaxError, line 2" in status and sub.flags == []  # a slip, not a shortcut
 
 
 def test_a_long_written_explanation_is_never_parsed():
     # a markdown answer of 100,000 characters: before, ast.parse ran on it and raised MemoryError, and the
     # rule was skipped for the whole submission ("grader error")
-    sub = judged("12_real_llm", {"q4_1_loss_increase_explanation": "(" * 100_000,
+    sub = judged("12_real_llm", {"q4_1_loss_increase_explanation": "-" * 100_000 + "1",
                                  "q8_0_roundtrip": SHORTCUT_ROUNDTRIP})
     assert set(zeroed(sub)) == {"q8_0_roundtrip"}
 
 
 def test_a_cell_the_parser_runs_out_of_memory_on_scores_zero_not_skipped():
-    nested = "x = " + "(" * 5000 + ")" * 5000 + "\n"  # CPython's parser refuses it: too many nested parentheses
+    nested = "x = " + "-" * 20_000 + "1\n"  # CPython's parser runs out of stack: MemoryError
     deep = "y = a" + ".b" * 300 + "\n"  # parses, but deeper than the check reads
     sub = judged("12_real_llm", {"q8_0_roundtrip": nested + "def q8_0_roundtrip(x):\n    return x\n",
                                  "q4_1_bits": deep + "def q4_1_bits():\n    return 5.0\n"})
     got = zeroed(sub)
-    assert "q8_0_roundtrip" in got and "q4_1_bits" in got and "nested too deeply" in got["q4_1_bits"]
+    assert "MemoryError" in got["q8_0_roundtrip"] and "nested too deeply" in got["q4_1_bits"] and sub.flags
 
 
 def test_cells_not_read_in_time_get_a_timeout_status():
@@ -227,3 +229,21 @@ def test_the_summary_answers_json_lines_in_order():
     out = subprocess.run([sys.executable, "-I", str(shortcuts.SUMMARY_SCRIPT)], input=json.dumps("import os\n") + "\n",
                          capture_output=True, text=True, timeout=60)
     assert json.loads(out.stdout)["imports"] == [["import", "os", None]]
+
+
+# --- the course's own solutions under `course grade` -----------------------------------------------
+
+@pytest.mark.slow
+@needs_sandbox
+def test_every_solution_scores_full_marks_under_course_grade(tmp_path):
+    """All 14 solutions graded in one folder run, as an instructor would: every automatic point (the
+    written explanations wait for the instructor), nothing flagged. Before the per-cell rule,
+    solutions/12 scored 11/14, flagged (its experiment cell's quantize.roundtrip cost q8_0_roundtrip)."""
+    folder = tmp_path / "class"
+    folder.mkdir()
+    for lesson in LESSONS:
+        shutil.copyfile(ROOT / "solutions" / f"{lesson}.ipynb", folder / f"{lesson}.ipynb")
+    rows, _ = _grade(folder, tmp_path / "out", "--jobs", "2", "--seed", "5")
+    got = {name: (row["total"], row["max"] - row["pending"], row["flags"], row["status"]) for name, row in rows.items()}
+    assert sorted(got) == LESSONS
+    assert all(total == full and flags == [] for total, full, flags, _ in got.values()), got

@@ -345,7 +345,8 @@ def _zero(score, reason: str) -> None:
 def apply(sub, parsed, base) -> bool:
     """Score 0 on every exercise of ``sub`` whose own answer cell names a function or class it teaches
     (or looks names up dynamically while one is still in the export, or cannot be read by the static
-    check), or whose run hit a removed one; True if any did (the caller flags the submission).
+    check), or whose run hit a removed one; True if any did for a reason other than a SyntaxError
+    (the caller flags the submission).
 
     ``base`` is the pristine notebook: it says which answer cells are code (a written explanation is
     never parsed) and which imports the lesson's own cells make. An answer cell whose grade_id is not
@@ -362,6 +363,7 @@ def apply(sub, parsed, base) -> bool:
     scores = {score.name: score for score in sub.exercises}
     called: dict[str, set[str]] = {}  # exercise -> the taught names its cells reach
     reasons: dict[str, str] = {}  # exercise -> why else it scores 0 (the first one found)
+    unflagged: set[str] = set()  # exercises whose only reason is a cell that does not parse
     for (grade_id, _), summary in zip(cells, answers, strict=True):
         charged = [grade_id] if grade_id in scores else [n for n in per_exercise if n in scores]
         if not summary["ok"]:
@@ -369,6 +371,8 @@ def apply(sub, parsed, base) -> bool:
                 n for n in per_exercise if per_exercise[n] & kept and n in scores]
             for name in dict.fromkeys([*charged, *blind]):
                 reasons.setdefault(name, f"the answer cell {grade_id!r} {summary['status']} (scored 0)")
+            if not blind:
+                unflagged.update(charged)  # a SyntaxError is the learner's slip: it fails at run time too
             continue
         reached = resolver.cell(summary)
         for name in charged:
@@ -387,4 +391,4 @@ def apply(sub, parsed, base) -> bool:
             reasons[score.name] = "the answer calls a removed library function, which this exercise teaches (scored 0)"
     for name, reason in reasons.items():
         _zero(scores[name], reason)
-    return bool(reasons)
+    return any(name in called or name not in unflagged for name in reasons)
