@@ -81,6 +81,17 @@ def test_a_binding_in_one_cell_and_the_use_in_another_are_followed():
     assert "q8_0_roundtrip" in zeroed(sub)
 
 
+def test_a_learner_own_definition_of_a_name_the_lesson_imports_is_theirs():
+    # lesson 06's own cells import encoder.mean_pool, which masked_mean_pool teaches
+    own = ("import torch\n\ndef mean_pool(h, mask):\n    m = mask.unsqueeze(-1).to(h.dtype)\n"
+           "    return (h * m).sum(1) / m.sum(1).clamp(min=1)\n\n"
+           "def masked_mean_pool(h, mask):\n    return mean_pool(h, mask)\n")
+    assert "masked_mean_pool" not in zeroed(judged("06_transformer_encoder", {"masked_mean_pool": own}))
+    library = "def masked_mean_pool(h, mask):\n    return mean_pool(h, mask)\n"
+    assert "course_utils.encoder.mean_pool" in zeroed(judged("06_transformer_encoder",
+                                                             {"masked_mean_pool": library}))["masked_mean_pool"]
+
+
 # --- 2. classes -------------------------------------------------------------------------------------
 
 def test_classes_an_exercise_teaches_are_taught():

@@ -1,20 +1,32 @@
-"""Library shortcuts: an exercise answered by calling the ``course_utils`` function it teaches.
+"""Library shortcuts: an exercise answered by calling the ``course_utils`` function or class it teaches.
 
 Many references are written on top of the course library (``stable_softmax`` returns
-``course_utils.attention.softmax(x)``), so a one-line call into the library would pass. Where a
-lesson's exercise teaches a library function, that function is *absent while the lesson is
-graded*: the course export mounted into the sandbox (``course_tools.grading.export``) has its
-definition replaced by one that raises ``SHORTCUT_MESSAGE``, so no way of reaching it from the
-kernel (an import, ``importlib``, ``__import__`` with a built string, another module's globals)
-finds the real one. The grader also reads the answer cells itself: an answer cell that names a
-taught function scores 0 for its exercise and the submission is flagged. Neither check runs in
-the learner's kernel, so neither can be switched off from there.
+``course_utils.attention.softmax(x)``, ``lora_forward`` builds a ``LoRALinear``), so a one-line call
+into the library would pass. Where a lesson's exercise teaches a library function or class, it is
+*absent while the lesson is graded*: the course export mounted into the sandbox
+(``course_tools.grading.export``) has its definition replaced by one that raises
+``SHORTCUT_MESSAGE`` (a function when called, a class when built; a subclass of the stub inherits
+nothing), so no way of reaching it from the kernel (an import, a star import, ``importlib``,
+``__import__`` with a built string, another module's globals) finds the real one.
 
-"Taught by lesson NN" is read from the references themselves: every top-level function of a
-``course_utils`` module (except the ``cpu_threads`` utility) that an exercise or question of
-``course_tools/exercises/references/lessonNN.py`` calls. A function that the lesson's own notebook cells
-need, directly or through the library code they call (lesson 06's ``load_minilm`` maps BERT's
-keys with ``bert_key_to_encoder``), is kept in the export and caught by the static check only.
+The grader also reads the answer cells itself (``apply``), each for the exercise it answers: an
+answer cell that names what its own exercise teaches scores 0 for that exercise and the submission
+is flagged; an experiment cell that uses a library function costs no other exercise anything.
+Names are followed through imports (star imports included), simple aliases and definitions in any
+cell (``rt = quantize.roundtrip`` in one cell, ``rt(x)`` in another). Where a taught name has to
+stay in the export (below), the static check is all there is, so a cell that looks names up
+dynamically (``getattr`` with a built name, ``import_module``, ``__dict__``, ...) scores 0 too.
+The cells are read in a child process (``cell_summary``) with a memory cap, a time limit and caps
+on a cell's size and depth: a cell it cannot read scores 0 with the reason as its status (never a
+skipped rule). Neither check runs in the learner's kernel, so neither can be switched off there.
+
+"Taught by lesson NN" is read from the references themselves: every top-level function or class
+(not a dataclass: a record computes nothing) of a ``course_utils`` module (except the
+``cpu_threads`` utility) that an exercise or question of ``course_tools/exercises/references/lessonNN.py``
+calls, plus what its ``TEACHES`` literal registers (the capstone builds its model in a helper).
+A name that the lesson's own notebook cells need, directly or through the library code they call
+(lesson 12's experiment runs ``quantize.roundtrip``), is kept in the export and caught by the
+static check only.
 """
 
 from __future__ import annotations
@@ -139,7 +151,7 @@ def teaches(lesson: str) -> dict[str, frozenset[tuple[str, str]]]:
 
 
 def taught(lesson: str) -> frozenset[tuple[str, str]]:
-    """Every (module, function) of ``course_utils`` that some exercise of ``lesson`` teaches."""
+    """Every (module, function or class) of ``course_utils`` that some exercise of ``lesson`` teaches."""
     return frozenset().union(*teaches(lesson).values())
 
 
@@ -211,7 +223,7 @@ def used_by_notebook(lesson: str, pristine_sources: list[str]) -> frozenset[tupl
 
 
 def removed(lesson: str, pristine_sources: list[str]) -> dict[str, set[str]]:
-    """Module -> the functions the export for ``lesson`` replaces with a refusal."""
+    """Module -> the functions and classes the export for ``lesson`` replaces with a refusal."""
     out: dict[str, set[str]] = {}
     for module, function in taught(lesson) - used_by_notebook(lesson, pristine_sources):
         out.setdefault(module, set()).add(function)
@@ -302,8 +314,14 @@ class _Resolver:
     (``rt = quantize.roundtrip``) and definitions that use a taught name (``def f(x): return rt(x)``),
     across all its cells, so that a binding in one cell and a use in another are still seen."""
 
-    def __init__(self, cells: list[dict], taught: frozenset[str]) -> None:
-        self.env, self.taught = _environment(cells), taught
+    def __init__(self, pristine: list[dict], answers: list[dict], taught: frozenset[str]) -> None:
+        self.env, self.taught = _environment([*pristine, *answers]), taught
+        imported = set(_environment(answers))
+        for cell in answers:  # the learner's own definition of a name the lesson imported is theirs
+            for bound, _ in cell["statements"]:
+                for name in set(bound) - imported:
+                    self.env.pop(name, None)
+        cells = [*pristine, *answers]
         self.carries: dict[str, set[str]] = {}  # a name defined in an answer -> the taught names it reaches
         for _ in range(ALIAS_ROUNDS):
             changed = False
@@ -359,7 +377,8 @@ def apply(sub, parsed, base) -> bool:
              for source in sources]
     read = summaries([*pristine_sources(base), *(source for _, source in cells)])
     answers = read[len(read) - len(cells):]
-    resolver = _Resolver([s for s in read if s["ok"]], frozenset().union(*per_exercise.values()))
+    resolver = _Resolver([s for s in read[:len(read) - len(cells)] if s["ok"]], [s for s in answers if s["ok"]],
+                         frozenset().union(*per_exercise.values()))
     scores = {score.name: score for score in sub.exercises}
     called: dict[str, set[str]] = {}  # exercise -> the taught names its cells reach
     reasons: dict[str, str] = {}  # exercise -> why else it scores 0 (the first one found)
