@@ -92,6 +92,14 @@ def test_a_learner_own_definition_of_a_name_the_lesson_imports_is_theirs():
                                                              {"masked_mean_pool": library}))["masked_mean_pool"]
 
 
+def test_the_graded_function_defined_in_another_cell_is_judged_for_its_exercise():
+    sub = judged("12_real_llm", {
+        "q4_1_loss_increase": "from course_utils import quantize\n\n"
+                              "def q8_0_roundtrip(x):\n    return quantize.roundtrip(x, 'q8_0')\n",
+        "q8_0_roundtrip": "pass\n"})
+    assert "course_utils.quantize.roundtrip" in zeroed(sub)["q8_0_roundtrip"] and sub.flags
+
+
 # --- 2. classes -------------------------------------------------------------------------------------
 
 def test_classes_an_exercise_teaches_are_taught():
@@ -174,7 +182,7 @@ def test_a_built_name_is_left_to_the_export_where_the_taught_function_is_removed
 
 def test_a_syntax_error_scores_that_exercise_zero_with_its_line():
     sub = judged("12_real_llm", {"q8_0_roundtrip": "def q8_0_roundtrip(x):\n    return (x\n"})
-    status = zeroed(sub)["q8_0_roundtrip"]
+    status = zeroed(sub)["q8_0_roundtrip"]  # (graded, the run's own SyntaxError status stays: the cell defined nothing)
     assert "does not parse (SyntaxError, line 2" in status and sub.flags == []  # a slip, not a shortcut
 
 

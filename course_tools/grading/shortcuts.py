@@ -35,10 +35,11 @@ import ast
 import json
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from course_tools.exercises import REFERENCES
+from course_tools.exercises import REFERENCES, checks
 from course_tools.messages import N_
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -360,18 +361,52 @@ def _zero(score, reason: str) -> None:
     score.lines = [*score.lines, f"  ✗ {reason}"]
 
 
+@dataclass
+class _Verdicts:
+    """What the static check found, by exercise."""
+
+    called: dict[str, set[str]] = field(default_factory=dict)  # the taught names its cells reach
+    reasons: dict[str, str] = field(default_factory=dict)  # why else it scores 0 (the first one found)
+    unflagged: set[str] = field(default_factory=set)  # its only reason is a cell that does not parse
+
+
+def _judge_cell(grade_id: str, summary: dict, per_exercise: dict[str, set[str]], kept: set[str],
+                graded: set[str], resolver: _Resolver, out: _Verdicts) -> None:
+    """One answer cell, for the exercise it answers (a cell that is not an exercise: for every
+    exercise that teaches what it reaches)."""
+    charged = [grade_id] if grade_id in graded else [n for n in per_exercise if n in graded]
+    if not summary["ok"]:
+        blind = [] if summary["status"].startswith("does not parse") else [
+            n for n in per_exercise if per_exercise[n] & kept and n in graded]
+        for name in dict.fromkeys([*charged, *blind]):
+            out.reasons.setdefault(name, f"the answer cell {grade_id!r} {summary['status']} (scored 0)")
+        if not blind:
+            out.unflagged.update(charged)  # a SyntaxError is the learner's slip: it fails at run time too
+        return
+    reached = resolver.cell(summary)
+    for name in charged:
+        hits = reached & per_exercise.get(name, set())
+        reachable = per_exercise.get(name, set()) & kept
+        if hits:
+            out.called.setdefault(name, set()).update(hits)
+        elif summary["dynamic"] and reachable:
+            how = ", ".join(summary["dynamic"])
+            out.reasons.setdefault(name, f"the answer looks names up dynamically ({how}), which can reach "
+                                         f"{', '.join(sorted(reachable))}, which this exercise teaches (scored 0)")
+
+
 def apply(sub, parsed, base) -> bool:
     """Score 0 on every exercise of ``sub`` whose own answer cell names a function or class it teaches
-    (or looks names up dynamically while one is still in the export, or cannot be read by the static
-    check), or whose run hit a removed one; True if any did for a reason other than a SyntaxError
-    (the caller flags the submission).
+    (or whose graded function, wherever it is defined, reaches one; or whose cell looks names up
+    dynamically while one is still in the export, or cannot be read by the static check), or whose
+    run hit a removed one; True if any did for a reason other than a SyntaxError (the caller flags
+    the submission).
 
     ``base`` is the pristine notebook: it says which answer cells are code (a written explanation is
     never parsed) and which imports the lesson's own cells make. An answer cell whose grade_id is not
     an exercise (the capstone's ``my_gpt``) counts for every exercise that teaches what it reaches."""
-    lesson = sub.lesson
-    per_exercise = {name: {f"{m}.{f}" for m, f in pairs} for name, pairs in teaches(lesson).items()}
-    kept = {f"{m}.{f}" for m, f in used_by_notebook(lesson, pristine_sources(base))}
+    per_exercise = {name: {f"{m}.{f}" for m, f in pairs} for name, pairs in teaches(sub.lesson).items()}
+    kept = {f"{m}.{f}" for m, f in used_by_notebook(sub.lesson, pristine_sources(base))}
     code = {(c.metadata.get("nbgrader") or {}).get("grade_id") for c in base.cells if c.cell_type == "code"}
     cells = [(grade_id, source) for grade_id, sources in parsed.answers.items() if grade_id in code
              for source in sources]
@@ -380,34 +415,20 @@ def apply(sub, parsed, base) -> bool:
     resolver = _Resolver([s for s in read[:len(read) - len(cells)] if s["ok"]], [s for s in answers if s["ok"]],
                          frozenset().union(*per_exercise.values()))
     scores = {score.name: score for score in sub.exercises}
-    called: dict[str, set[str]] = {}  # exercise -> the taught names its cells reach
-    reasons: dict[str, str] = {}  # exercise -> why else it scores 0 (the first one found)
-    unflagged: set[str] = set()  # exercises whose only reason is a cell that does not parse
+    found = _Verdicts()
     for (grade_id, _), summary in zip(cells, answers, strict=True):
-        charged = [grade_id] if grade_id in scores else [n for n in per_exercise if n in scores]
-        if not summary["ok"]:
-            blind = [] if summary["status"].startswith("does not parse") else [
-                n for n in per_exercise if per_exercise[n] & kept and n in scores]
-            for name in dict.fromkeys([*charged, *blind]):
-                reasons.setdefault(name, f"the answer cell {grade_id!r} {summary['status']} (scored 0)")
-            if not blind:
-                unflagged.update(charged)  # a SyntaxError is the learner's slip: it fails at run time too
-            continue
-        reached = resolver.cell(summary)
-        for name in charged:
-            hits = reached & per_exercise.get(name, set())
-            reachable = per_exercise.get(name, set()) & kept
-            if hits:
-                called.setdefault(name, set()).update(hits)
-            elif summary["dynamic"] and reachable:
-                how = ", ".join(summary["dynamic"])
-                reasons.setdefault(name, f"the answer looks names up dynamically ({how}), which can reach "
-                                         f"{', '.join(sorted(reachable))}, which this exercise teaches (scored 0)")
-    reasons.update({name: f"the answer calls {', '.join(sorted(hits))}, which this exercise teaches (scored 0)"
-                    for name, hits in called.items()})
+        _judge_cell(grade_id, summary, per_exercise, kept, set(scores), resolver, found)
+    for name in set(per_exercise) & set(scores):  # the graded function itself, wherever a cell defines it
+        hits = resolver.carries.get(checks.get(name).function, set()) & per_exercise[name]
+        if hits:
+            found.called.setdefault(name, set()).update(hits)
+    reasons = {**found.reasons, **{name: f"the answer calls {', '.join(sorted(hits))}, which this exercise "
+                                         "teaches (scored 0)" for name, hits in found.called.items()}}
     for score in sub.exercises:
         if score.name not in reasons and MARKER in score.status:
             reasons[score.name] = "the answer calls a removed library function, which this exercise teaches (scored 0)"
+    flagged = {name for name in reasons if name in found.called or name not in found.unflagged}
     for name, reason in reasons.items():
-        _zero(scores[name], reason)
-    return any(name in called or name not in unflagged for name in reasons)
+        if name in flagged or scores[name].points:  # a cell that does not parse and scored 0 keeps the run's status
+            _zero(scores[name], reason)
+    return bool(flagged)
