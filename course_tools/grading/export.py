@@ -12,7 +12,7 @@ reference solutions. The export holds only
   ``.pyc``: the sandbox runs with ``PYTHONDONTWRITEBYTECODE`` on a read-only mount, so Python
   compiles from these sources.
 
-One export per lesson: the functions that lesson teaches are replaced by refusals
+One export per lesson: the functions and classes that lesson teaches are replaced by refusals
 (``course_tools.grading.shortcuts``).
 """
 

@@ -216,7 +216,7 @@ def grade_parsed(sub: Submission, parsed: submission.Parsed, base: nbformat.Note
     sub.exercises += manual_scores(base, parsed)
     if submission.names_references(parsed):
         sub.flags.append(REFERENCE_FLAG)
-    if shortcuts.apply(sub, parsed):
+    if shortcuts.apply(sub, parsed, base):
         sub.flags.append(shortcuts.FLAG)
     sub.status = overall_status(sub, job, run.status)
 

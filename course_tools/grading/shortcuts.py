@@ -1,30 +1,45 @@
-"""Library shortcuts: an exercise answered by calling the ``course_utils`` function it teaches.
+"""Library shortcuts: an exercise answered by calling the ``course_utils`` function or class it teaches.
 
 Many references are written on top of the course library (``stable_softmax`` returns
-``course_utils.attention.softmax(x)``), so a one-line call into the library would pass. Where a
-lesson's exercise teaches a library function, that function is *absent while the lesson is
-graded*: the course export mounted into the sandbox (``course_tools.grading.export``) has its
-definition replaced by one that raises ``SHORTCUT_MESSAGE``, so no way of reaching it from the
-kernel (an import, ``importlib``, ``__import__`` with a built string, another module's globals)
-finds the real one. The grader also reads the answer cells itself: an answer cell that names a
-taught function scores 0 for its exercise and the submission is flagged. Neither check runs in
-the learner's kernel, so neither can be switched off from there.
+``course_utils.attention.softmax(x)``, ``lora_forward`` builds a ``LoRALinear``), so a one-line call
+into the library would pass. Where a lesson's exercise teaches a library function or class, it is
+*absent while the lesson is graded*: the course export mounted into the sandbox
+(``course_tools.grading.export``) has its definition replaced by one that raises
+``SHORTCUT_MESSAGE`` (a function when called, a class when built; a subclass of the stub inherits
+nothing), so no way of reaching it from the kernel (an import, a star import, ``importlib``,
+``__import__`` with a built string, another module's globals) finds the real one.
 
-"Taught by lesson NN" is read from the references themselves: every top-level function of a
-``course_utils`` module (except the ``cpu_threads`` utility) that an exercise or question of
-``course_tools/exercises/references/lessonNN.py`` calls. A function that the lesson's own notebook cells
-need, directly or through the library code they call (lesson 06's ``load_minilm`` maps BERT's
-keys with ``bert_key_to_encoder``), is kept in the export and caught by the static check only.
+The grader also reads the answer cells itself (``apply``), each for the exercise it answers: an
+answer cell that names what its own exercise teaches scores 0 for that exercise and the submission
+is flagged; an experiment cell that uses a library function costs no other exercise anything.
+Names are followed through imports (star imports included), simple aliases and definitions in any
+cell (``rt = quantize.roundtrip`` in one cell, ``rt(x)`` in another). Where a taught name has to
+stay in the export (below), the static check is all there is, so a cell that looks names up
+dynamically (``getattr`` with a built name, ``import_module``, ``__dict__``, ...) scores 0 too.
+The cells are read in a child process (``cell_summary``) with a memory cap, a time limit and caps
+on a cell's size and depth: a cell it cannot read scores 0 with the reason as its status (never a
+skipped rule). Neither check runs in the learner's kernel, so neither can be switched off there.
+
+"Taught by lesson NN" is read from the references themselves: every top-level function or class
+(not a dataclass: a record computes nothing) of a ``course_utils`` module (except the
+``cpu_threads`` utility) that an exercise or question of ``course_tools/exercises/references/lessonNN.py``
+calls, plus what its ``TEACHES`` literal registers (the capstone builds its model in a helper).
+A name that the lesson's own notebook cells need, directly or through the library code they call
+(lesson 12's experiment runs ``quantize.roundtrip``), is kept in the export and caught by the
+static check only.
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import subprocess
+import sys
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from course_tools.exercises import REFERENCES
+from course_tools.exercises import REFERENCES, checks
 from course_tools.messages import N_
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,11 +50,20 @@ FLAG = N_("called a course_utils function that an exercise teaches (scored 0)")
 EXERCISE_DECORATORS = {"exercise", "question"}
 
 
-def _module_functions(module: str) -> set[str]:
+def _is_dataclass(node: ast.ClassDef) -> bool:
+    return any(_decorator_name(d) == "dataclass" for d in node.decorator_list)
+
+
+@cache
+def _module_definitions(module: str) -> frozenset[str]:
+    """The top-level functions and classes ``module`` defines; a dataclass (a configuration or a
+    record: it holds values and computes nothing an exercise asks for) is not counted."""
     path = ROOT / Path(*module.split(".")).with_suffix(".py")
     if not path.is_file():
-        return set()
-    return {n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)}
+        return frozenset()
+    return frozenset(n.name for n in ast.parse(path.read_text()).body
+                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     or (isinstance(n, ast.ClassDef) and not _is_dataclass(n)))
 
 
 def _decorator_name(node: ast.expr) -> str | None:
@@ -81,15 +105,34 @@ def _library_imports(tree: ast.Module) -> tuple[dict[str, tuple[str, str]], dict
     return names, modules
 
 
+def _registered(tree: ast.Module, lesson: str) -> dict[str, tuple[str, ...]]:
+    """A references module's ``TEACHES`` literal: exercise name (``"*"``: every exercise of the
+    lesson) -> qualified ``course_utils`` names it teaches beyond those its reference calls (the
+    capstone's reference builds its model in a helper, and its training loop calls no library)."""
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "TEACHES" for t in node.targets):
+            registered = ast.literal_eval(node.value)
+            for names in registered.values():
+                for qualified in names:
+                    module, _, name = qualified.rpartition(".")
+                    if name not in _module_definitions(module):
+                        raise ValueError(f"lesson{lesson[:2]}.py TEACHES names {qualified}, which course_utils does "
+                                         "not define: correct the name or remove it")
+            return registered
+    return {}
+
+
 @cache
 def teaches(lesson: str) -> dict[str, frozenset[tuple[str, str]]]:
-    """Exercise name -> the (module, function) pairs of ``course_utils`` its reference calls, for
-    lesson ``lesson`` (e.g. "02_self_attention"), read from ``lessonNN.py`` in ``exercises.REFERENCES``."""
+    """Exercise name -> the (module, function or class) pairs of ``course_utils`` it teaches, for
+    lesson ``lesson`` (e.g. "02_self_attention"): those its reference in ``lessonNN.py`` (in
+    ``exercises.REFERENCES``) calls or instantiates, and those the module's ``TEACHES`` registers."""
     path = ROOT / REFERENCES / f"lesson{lesson[:2]}.py"
     if not path.is_file():  # a moved or missing references file must not turn the shortcut rule off silently
         raise FileNotFoundError(f"no references for lesson {lesson} at {path.relative_to(ROOT)}")
     tree = ast.parse(path.read_text())
     names, modules = _library_imports(tree)
+    registered = _registered(tree, lesson)
     out: dict[str, frozenset[tuple[str, str]]] = {}
     for node in tree.body:
         name = _exercise_name(node) if isinstance(node, ast.FunctionDef) else None
@@ -101,14 +144,15 @@ def teaches(lesson: str) -> dict[str, frozenset[tuple[str, str]]]:
                 found.add(names[inner.id])
             elif isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Name) and inner.value.id in modules:
                 found.add((modules[inner.value.id], inner.attr))
-        found = {(m, f) for m, f in found if m not in UTILITIES and f in _module_functions(m)}
+        found = {(m, f) for m, f in found if m not in UTILITIES and f in _module_definitions(m)}
+        found |= {tuple(q.rsplit(".", 1)) for q in (*registered.get("*", ()), *registered.get(name, ()))}
         if found:
             out[name] = frozenset(found)
     return out
 
 
 def taught(lesson: str) -> frozenset[tuple[str, str]]:
-    """Every (module, function) of ``course_utils`` that some exercise of ``lesson`` teaches."""
+    """Every (module, function or class) of ``course_utils`` that some exercise of ``lesson`` teaches."""
     return frozenset().union(*teaches(lesson).values())
 
 
@@ -180,7 +224,7 @@ def used_by_notebook(lesson: str, pristine_sources: list[str]) -> frozenset[tupl
 
 
 def removed(lesson: str, pristine_sources: list[str]) -> dict[str, set[str]]:
-    """Module -> the functions the export for ``lesson`` replaces with a refusal."""
+    """Module -> the functions and classes the export for ``lesson`` replaces with a refusal."""
     out: dict[str, set[str]] = {}
     for module, function in taught(lesson) - used_by_notebook(lesson, pristine_sources):
         out.setdefault(module, set()).add(function)
@@ -188,50 +232,24 @@ def removed(lesson: str, pristine_sources: list[str]) -> dict[str, set[str]]:
 
 
 def stub_source(source: str, module: str, functions: set[str]) -> str:
-    """``source`` with each top-level ``def`` in ``functions`` (decorators included) replaced by one that raises."""
+    """``source`` with each top-level ``def`` or ``class`` in ``functions`` (decorators included)
+    replaced by one that raises: a function when called, a class when instantiated (a subclass of
+    the stub inherits nothing of the course's class)."""
     lines = source.splitlines(keepends=True)
     spans = []
     for node in ast.parse(source).body:
-        if isinstance(node, ast.FunctionDef) and node.name in functions:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name in functions:
             start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-            spans.append((start, node.end_lineno, node.name))
-    for start, end, name in sorted(spans, reverse=True):
+            spans.append((start, node.end_lineno, node.name, isinstance(node, ast.ClassDef)))
+    for start, end, name, is_class in sorted(spans, reverse=True):
         message = SHORTCUT_MESSAGE.format(qualified=f"{module}.{name}")
-        stub = f"def {name}(*args, **kwargs):  # removed while grading\n    raise RuntimeError({message!r})\n"
+        if is_class:
+            stub = (f"class {name}:  # removed while grading\n    def __new__(cls, *args, **kwargs):\n"
+                    f"        raise RuntimeError({message!r})\n")
+        else:
+            stub = f"def {name}(*args, **kwargs):  # removed while grading\n    raise RuntimeError({message!r})\n"
         lines[start - 1:end] = [stub]
     return "".join(lines)
-
-
-def named_in_answer(source: str, lesson: str) -> set[str]:
-    """The taught functions an answer cell's source names: imported from ``course_utils``, or read as
-    an attribute of ``course_utils`` or of a module the cell imported from it. (Built names and
-    other indirect routes are the export's job; this check only adds the flag and the zero.)"""
-    qualified = {f"{m}.{f}" for m, f in taught(lesson)}
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return set()
-    modules = {"course_utils": "course_utils"}  # local name -> module, for this cell
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                if a.name.split(".")[0] == "course_utils":
-                    modules[a.asname or "course_utils"] = a.name if a.asname else "course_utils"
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "course_utils":
-            for a in node.names:
-                modules[a.asname or a.name] = f"{node.module}.{a.name}"
-    found = set(modules.values()) & qualified
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute):
-            chain = [node.attr]
-            base = node.value
-            while isinstance(base, ast.Attribute):
-                chain.append(base.attr)
-                base = base.value
-            if isinstance(base, ast.Name) and base.id in modules:
-                dotted = ".".join([modules[base.id], *reversed(chain)])
-                found |= {q for q in qualified if dotted == q or dotted.startswith(q + ".")}
-    return found
 
 
 def pristine_sources(nb) -> list[str]:
@@ -244,17 +262,173 @@ def pristine_sources(nb) -> list[str]:
     return sources
 
 
-def apply(sub, parsed) -> bool:
-    """Score 0 on every exercise of ``sub`` whose taught function its answer cells name, or whose run
-    hit a removed function; True if any did (the caller flags the submission)."""
-    named = set().union(*(named_in_answer(src, sub.lesson) for srcs in parsed.answers.values() for src in srcs))
-    hit = False
+# --- the static check: each answer cell, for the exercise it answers ------------------------------
+
+SUMMARY_SCRIPT = Path(__file__).with_name("cell_summary.py")
+SUMMARY_SECONDS = 20.0  # the whole submission's cells; a genuine notebook's take well under a second
+ALIAS_ROUNDS = 8  # definitions that call definitions that call the library, followed this deep
+
+
+def summaries(sources: list[str], seconds: float = SUMMARY_SECONDS) -> list[dict]:
+    """Each cell's summary (``cell_summary.summarise``), read in a child process with a memory cap
+    and ``seconds`` for all of them; a cell not read in time gets a timeout status."""
+    process = subprocess.Popen([sys.executable, "-I", str(SUMMARY_SCRIPT)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        out, _ = process.communicate("".join(json.dumps(s) + "\n" for s in sources), timeout=seconds)
+        late = f"could not be read by the static check (it stopped, exit status {process.returncode})"
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, _ = process.communicate()
+        late = f"could not be read by the static check in {seconds:g} s"
+    read = [json.loads(line) for line in out.splitlines()[:len(sources)]]
+    return read + [{"ok": False, "status": late}] * (len(sources) - len(read))
+
+
+def _star_names(module: str) -> set[str]:
+    """What ``from module import *`` binds, as far as a shortcut goes: its public definitions, or
+    for the package itself its modules."""
+    if module == "course_utils":
+        return {p.stem for p in (ROOT / "course_utils").glob("*.py") if not p.stem.startswith("_")}
+    return {n for n in _module_definitions(module) if not n.startswith("_")}
+
+
+def _environment(cells: list[dict]) -> dict[str, str]:
+    """Local name -> the ``course_utils`` module or definition it is bound to by these cells' imports."""
+    env = {"course_utils": "course_utils"}
+    for cell in cells:
+        for kind, target, alias in cell["imports"]:
+            if target.split(".")[0] != "course_utils":
+                continue
+            if target.endswith(".*"):
+                module = target[:-2]
+                env.update({name: f"{module}.{name}" for name in _star_names(module)})
+            elif kind == "import":
+                env[alias or "course_utils"] = target if alias else "course_utils"
+            else:
+                env[alias or target.rsplit(".", 1)[1]] = target
+    return env
+
+
+class _Resolver:
+    """What the dotted names of a submission reach among ``taught``: through imports, simple aliases
+    (``rt = quantize.roundtrip``) and definitions that use a taught name (``def f(x): return rt(x)``),
+    across all its cells, so that a binding in one cell and a use in another are still seen."""
+
+    def __init__(self, pristine: list[dict], answers: list[dict], taught: frozenset[str]) -> None:
+        self.env, self.taught = _environment([*pristine, *answers]), taught
+        imported = set(_environment(answers))
+        for cell in answers:  # the learner's own definition of a name the lesson imported is theirs
+            for bound, _ in cell["statements"]:
+                for name in set(bound) - imported:
+                    self.env.pop(name, None)
+        cells = [*pristine, *answers]
+        self.carries: dict[str, set[str]] = {}  # a name defined in an answer -> the taught names it reaches
+        for _ in range(ALIAS_ROUNDS):
+            changed = False
+            for cell in cells:
+                for bound, uses in cell["statements"]:
+                    if len(bound) == 1 and len(uses) == 1 and bound[0] not in self.env:
+                        target = self._qualified(uses[0])
+                        if target is not None:
+                            self.env[bound[0]], changed = target, True
+                    reached = set().union(*(self.reach(u) for u in uses)) if uses else set()
+                    for name in bound:
+                        if not reached <= self.carries.get(name, set()):
+                            self.carries.setdefault(name, set()).update(reached)
+                            changed = True
+            if not changed:
+                break
+
+    def _qualified(self, dotted: str) -> str | None:
+        head, _, rest = dotted.partition(".")
+        return None if head not in self.env else self.env[head] + ("." + rest if rest else "")
+
+    def reach(self, dotted: str) -> set[str]:
+        qualified = self._qualified(dotted)
+        found = set(self.carries.get(dotted.partition(".")[0], ()))
+        if qualified is not None:
+            found |= {t for t in self.taught if qualified == t or qualified.startswith(t + ".")}
+        return found
+
+    def cell(self, summary: dict) -> set[str]:
+        return set().union(*(self.reach(u) for _, uses in summary["statements"] for u in uses))
+
+
+def _zero(score, reason: str) -> None:
+    score.points = 0
+    score.status = f"error: {reason}"
+    score.lines = [*score.lines, f"  ✗ {reason}"]
+
+
+@dataclass
+class _Verdicts:
+    """What the static check found, by exercise."""
+
+    called: dict[str, set[str]] = field(default_factory=dict)  # the taught names its cells reach
+    reasons: dict[str, str] = field(default_factory=dict)  # why else it scores 0 (the first one found)
+    unflagged: set[str] = field(default_factory=set)  # its only reason is a cell that does not parse
+
+
+def _judge_cell(grade_id: str, summary: dict, per_exercise: dict[str, set[str]], kept: set[str],
+                graded: set[str], resolver: _Resolver, out: _Verdicts) -> None:
+    """One answer cell, for the exercise it answers (a cell that is not an exercise: for every
+    exercise that teaches what it reaches)."""
+    charged = [grade_id] if grade_id in graded else [n for n in per_exercise if n in graded]
+    if not summary["ok"]:
+        blind = [] if summary["status"].startswith("does not parse") else [
+            n for n in per_exercise if per_exercise[n] & kept and n in graded]
+        for name in dict.fromkeys([*charged, *blind]):
+            out.reasons.setdefault(name, f"the answer cell {grade_id!r} {summary['status']} (scored 0)")
+        if not blind:
+            out.unflagged.update(charged)  # a SyntaxError is the learner's slip: it fails at run time too
+        return
+    reached = resolver.cell(summary)
+    for name in charged:
+        hits = reached & per_exercise.get(name, set())
+        reachable = per_exercise.get(name, set()) & kept
+        if hits:
+            out.called.setdefault(name, set()).update(hits)
+        elif summary["dynamic"] and reachable:
+            how = ", ".join(summary["dynamic"])
+            out.reasons.setdefault(name, f"the answer looks names up dynamically ({how}), which can reach "
+                                         f"{', '.join(sorted(reachable))}, which this exercise teaches (scored 0)")
+
+
+def apply(sub, parsed, base) -> bool:
+    """Score 0 on every exercise of ``sub`` whose own answer cell names a function or class it teaches
+    (or whose graded function, wherever it is defined, reaches one; or whose cell looks names up
+    dynamically while one is still in the export, or cannot be read by the static check), or whose
+    run hit a removed one; True if any did for a reason other than a SyntaxError (the caller flags
+    the submission).
+
+    ``base`` is the pristine notebook: it says which answer cells are code (a written explanation is
+    never parsed) and which imports the lesson's own cells make. An answer cell whose grade_id is not
+    an exercise (the capstone's ``my_gpt``) counts for every exercise that teaches what it reaches."""
+    per_exercise = {name: {f"{m}.{f}" for m, f in pairs} for name, pairs in teaches(sub.lesson).items()}
+    kept = {f"{m}.{f}" for m, f in used_by_notebook(sub.lesson, pristine_sources(base))}
+    code = {(c.metadata.get("nbgrader") or {}).get("grade_id") for c in base.cells if c.cell_type == "code"}
+    cells = [(grade_id, source) for grade_id, sources in parsed.answers.items() if grade_id in code
+             for source in sources]
+    read = summaries([*pristine_sources(base), *(source for _, source in cells)])
+    answers = read[len(read) - len(cells):]
+    resolver = _Resolver([s for s in read[:len(read) - len(cells)] if s["ok"]], [s for s in answers if s["ok"]],
+                         frozenset().union(*per_exercise.values()))
+    scores = {score.name: score for score in sub.exercises}
+    found = _Verdicts()
+    for (grade_id, _), summary in zip(cells, answers, strict=True):
+        _judge_cell(grade_id, summary, per_exercise, kept, set(scores), resolver, found)
+    for name in set(per_exercise) & set(scores):  # the graded function itself, wherever a cell defines it
+        hits = resolver.carries.get(checks.get(name).function, set()) & per_exercise[name]
+        if hits:
+            found.called.setdefault(name, set()).update(hits)
+    reasons = {**found.reasons, **{name: f"the answer calls {', '.join(sorted(hits))}, which this exercise "
+                                         "teaches (scored 0)" for name, hits in found.called.items()}}
     for score in sub.exercises:
-        functions = {f"{m}.{f}" for m, f in teaches(sub.lesson).get(score.name, ())}
-        if functions & named or MARKER in score.status:
-            called = ", ".join(sorted(functions & named)) or "a removed library function"
-            score.points = 0
-            score.status = f"error: the answer calls {called}, which this exercise teaches (scored 0)"
-            score.lines = [*score.lines, f"  ✗ {score.status[7:]}"]
-            hit = True
-    return hit
+        if score.name not in reasons and MARKER in score.status:
+            reasons[score.name] = "the answer calls a removed library function, which this exercise teaches (scored 0)"
+    flagged = {name for name in reasons if name in found.called or name not in found.unflagged}
+    for name, reason in reasons.items():
+        if name in flagged or scores[name].points:  # a cell that does not parse and scored 0 keeps the run's status
+            _zero(scores[name], reason)
+    return bool(flagged)

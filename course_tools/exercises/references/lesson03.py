@@ -19,6 +19,9 @@ from course_utils.attention import (
     split_heads,
 )
 
+# Classes that answer an exercise whole (course_tools.grading.shortcuts adds them to what it derives).
+TEACHES = {"multi_head_forward": ("course_utils.attention.MultiHeadAttention",)}
+
 # --- split / merge heads ---------------------------------------------------------------------------
 
 SPLIT_SIZES = [(1, 1, 1, 3), (2, 3, 2, 4), (3, 5, 4, 2)]  # B, T, H, d

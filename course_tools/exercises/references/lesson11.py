@@ -36,6 +36,21 @@ from course_tools.exercises.references._shared import close, known_wrong
 from course_tools.messages import N_, N_n, _
 from course_utils import attention, blocks, counting, data, gpt
 
+# What the capstone asks the learner to write, removed from the sandbox while it is graded
+# (course_tools.grading.shortcuts): "*" for every stage, and the loop and the sampler for their own.
+TEACHES = {
+    "*": ("course_utils.attention.MultiHeadAttention", "course_utils.attention.SelfAttentionHead",
+          "course_utils.attention.scaled_dot_product_attention", "course_utils.attention.attend",
+          "course_utils.attention.explicit_attention", "course_utils.blocks.FeedForward",
+          "course_utils.blocks.LayerNorm", "course_utils.blocks.TransformerBlock", "course_utils.blocks.make_block",
+          "course_utils.gpt.GPT", "course_utils.gpt.gpt_block", "course_utils.positional.LearnedPositionalEmbedding"),
+    "capstone_training": ("course_utils.train.train", "course_utils.train.train_step", "course_utils.train.set_up",
+                          "course_utils.train.lr_at", "course_utils.train.get_batch",
+                          "course_utils.train.make_optimizer", "course_utils.train.lm_loss"),
+    "capstone_sampling": ("course_utils.generate.generate", "course_utils.generate.sample_next",
+                          "course_utils.generate.next_token_probs", "course_utils.generate.top_k_filter"),
+}
+
 # --- the fixed contract of the training stage (stated in the notebook) --------------------------
 TRAIN_SIZES = {"max_len": 64, "n_layers": 2, "n_heads": 4, "d_model": 64}
 TRAIN_SETTINGS = {"steps": 500, "batch_size": 32, "lr": 1e-2, "warmup_steps": 50, "grad_clip": 1.0}
