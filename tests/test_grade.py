@@ -237,7 +237,7 @@ def test_gradebook_has_one_row_per_submission(graded):
     book = pd.read_csv(graded["out"] / "gradebook.csv")
     assert len(book) == len(SUBMISSIONS) + len(BAD_FILES)
     assert list(book.columns) == ["student", "file", "lesson", *POINTS, *MANUAL, "total", "max", "pending", "status",
-                                  "flags", "seed", "sandbox"]
+                                  "flags", "alike", "seed", "sandbox"]
     full = book.set_index("student").loc["full"]
     assert (full["total"], full["max"], full["pending"]) == (FULL, MAX, MAX - FULL)
     assert {full[name] for name in MANUAL} == {"pending"}

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ import torch
 
 from course_tools import messages
 from course_tools.exercises import checks
-from course_tools.grading import results, shortcuts, submission
+from course_tools.grading import alike, results, shortcuts, submission
 from course_tools.grading.job import Limits, RunReport
 from course_tools.grading.report import PENDING, ExerciseScore, Gradebook, Submission, table
 from course_tools.grading.sandbox import Caps, Sandbox, SandboxError
@@ -232,6 +232,7 @@ class Class:
     seed: int | None = None  # --seed: the same cases for everyone (default: a fresh seed per submission)
     explicit: frozenset[str] = frozenset()  # the limits the instructor set on the command line
     share: float | None = None  # --class-budget: each submission's seconds, over any other limit
+    alike: dict[Path, list[str]] = field(default_factory=dict)  # what each file shares with others (alike.find)
 
 
 def claimed_lesson(parsed: submission.Parsed, lesson: str, pristine: dict[str, nbformat.NotebookNode]) -> str | None:
@@ -250,7 +251,9 @@ def grade_file(path: Path, run: Class) -> Submission:
     """Grade one submission; never raises (its status says what went wrong)."""
     start = time.perf_counter()
     seed = checks.fresh_seed() if run.seed is None else run.seed
-    sub = Submission(file=str(path), student=path.stem, sandbox=run.sandbox.describe(), seed=seed)
+    student, note = submission.student_name(path)
+    sub = Submission(file=submission.readable(str(path)), student=student, sandbox=run.sandbox.describe(), seed=seed,
+                     flags=[note] if note else [], alike=list(run.alike.get(path, [])))
     try:
         parsed = submission.parse(submission.read_bytes(str(path)))
         sub.lesson = run.lesson or submission.identify_lesson(parsed, run.pristine)
@@ -327,6 +330,13 @@ def share(args: argparse.Namespace, count: int) -> float | None:
     return args.class_budget * 60 * max(1, args.jobs) / count
 
 
+def solutions_beside(exercises: Path) -> Path | None:
+    """The ``solutions/`` folder beside the exercises folder, whose answers a submission must not
+    simply be (None where there is none: nothing is compared)."""
+    folder = exercises.resolve().parent / "solutions"
+    return folder if folder.is_dir() else None
+
+
 def main(args: argparse.Namespace) -> int:
     try:
         pristine = load_pristine(Path(args.exercises))
@@ -346,7 +356,8 @@ def main(args: argparse.Namespace) -> int:
     seconds = share(args, len(files))
     if seconds is not None:
         print(f"class budget {args.class_budget:g} min: at most {seconds:.0f} s per submission", flush=True)
-    run = Class(pristine, limits, sandbox, lesson, args.seed, explicit, seconds)
+    found, together = alike.find(files, pristine, lesson, solutions_beside(Path(args.exercises)))
+    run = Class(pristine, limits, sandbox, lesson, args.seed, explicit, seconds, found)
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:  # each grading is its own sandbox
         futures = [pool.submit(grade_file, path, run) for path in files]
         for future in as_completed(futures):
@@ -357,6 +368,10 @@ def main(args: argparse.Namespace) -> int:
     if lesson is None and len(lessons) > 1:
         print(f"WARNING: submissions of {len(lessons)} lessons ({', '.join(lessons)}), each graded against its "
               "own; pass --lesson NN to grade a class against one", flush=True)
+    if together:
+        print(f"read together ({len(together)}; the gradebook's alike column says why):", flush=True)
+        for line in together:
+            print(f"  {clean(line, 2000)}", flush=True)
     if book.csv_path:
         print(f"gradebook: {book.csv_path} ({len(book.rows)} rows)")
     if book.json_path:

@@ -42,6 +42,7 @@ class Submission:
     status: str = "graded"
     exercises: list[ExerciseScore] = field(default_factory=list)
     flags: list[str] = field(default_factory=list)
+    alike: list[str] = field(default_factory=list)  # rows to read with this one (grading.alike): not in feedback
     sandbox: str = ""
     seconds: float = 0.0
     seed: int | None = None  # the cases' seed: `course grade FILE --seed SEED` draws the same cases again
@@ -84,6 +85,7 @@ def table(sub: Submission) -> str:
     lines = [f"{clean(sub.student, 80)} ({clean(sub.file, 200)}) lesson {clean(sub.lesson, 40) or '?'}: "
              f"{_points(sub)}, {clean(sub.status)}" + (f" (seed {sub.seed})" if sub.seed is not None else "")]
     lines += [f"  flagged: {clean(flag)}" for flag in sub.flags]
+    lines += [f"  alike: {clean(finding)}" for finding in sub.alike]
     for e in sub.exercises:
         lines.append(f"  {clean(e.name, 28):<28} {e.points:>5g}/{e.max_points:<5g} {clean(e.status)}")
     return "\n".join(lines)
@@ -140,12 +142,12 @@ def gradebook_csv(subs: list[Submission]) -> str:
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow([csv_cell(c) for c in ["student", "file", "lesson", *names, "total", "max", "pending", "status",
-                                           "flags", "seed", "sandbox"]])
+                                           "flags", "alike", "seed", "sandbox"]])
     for sub in subs:
         points = {e.name: "pending" if e.pending else f"{e.points:g}" for e in sub.exercises}
         writer.writerow([csv_cell(c) for c in [sub.student, sub.file, sub.lesson, *(points.get(n, "") for n in names),
                                                f"{sub.total:g}", f"{sub.max_points:g}", f"{sub.pending:g}",
-                                               sub.status, "; ".join(sub.flags),
+                                               sub.status, "; ".join(sub.flags), "; ".join(sub.alike),
                                                "" if sub.seed is None else sub.seed, sub.sandbox]])
     return out.getvalue()
 

@@ -13,7 +13,9 @@ import json
 import os
 import re
 import stat
+import unicodedata
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import nbformat
 
@@ -30,6 +32,10 @@ GRADER_CELL = "course_grade"  # metadata key on the cells the grader adds or tim
 REFERENCE_NAMES = re.compile(r"course_tools\s*\.\s*references|course_utils\s*\.\s*exercises|\breferences\s*\.\s*lesson")
 
 
+_HIDDEN = {"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"}  # characters a reader cannot see, or that have no glyph
+NOT_UTF8 = messages.N_("file name is not UTF-8: its bytes are shown as \\xNN")
+
+
 class SubmissionError(ValueError):
     """A file that cannot be graded as a submission; the message is the report line."""
 
@@ -42,6 +48,53 @@ class Parsed:
     lesson: str | None
     answers: dict[str, list[str]] = field(default_factory=dict)
     lang: str = messages.SOURCE
+
+
+def _undecodable(name: str) -> bool:
+    """Whether ``name`` (from ``os.listdir``) holds bytes UTF-8 cannot decode (as U+DC80..U+DCFF)."""
+    return any(0xDC80 <= ord(ch) <= 0xDCFF for ch in name)
+
+
+def readable(name: str) -> str:
+    """``name`` as ``os.listdir`` gives it, in one line that shows every character and loses none.
+    A name that is not UTF-8 (a byte that does not decode is a lone surrogate U+DC80..U+DCFF) is shown
+    as its bytes: printable ASCII stays, every other byte becomes ``\\xNN`` (no fragment of it is read
+    as UTF-8, which would be a guess). In a UTF-8 name, a character a reader cannot see (control,
+    format, separator, unassigned) becomes ``\\uNNNN`` (or ``\\UNNNNNNNN``). A backslash is doubled
+    in both. Reversible (only a name that is not UTF-8 shows ``\\x``), so two different names never
+    read the same because of what cannot be seen."""
+    if _undecodable(name):
+        raw = name.encode("utf-8", "surrogateescape")
+        return "".join("\\\\" if b == 0x5C else chr(b) if 0x20 <= b < 0x7F else f"\\x{b:02x}" for b in raw)
+    out = []
+    for ch in name:
+        code = ord(ch)
+        if ch == "\\":
+            out.append("\\\\")
+        elif unicodedata.category(ch) in _HIDDEN:
+            out.append(f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def student_name(path: Path) -> tuple[str, str | None]:
+    """The student's name for the gradebook and feedback: the file's stem, ``readable`` and
+    NFC-normalised (macOS writes names decomposed, NFD; Linux keeps what the archive held), and a
+    note when the name is not UTF-8 (an archive from Korean Windows holds CP949 names), with the
+    name as CP949 reads it when it does; else None."""
+    stem = path.stem
+    name = unicodedata.normalize("NFC", readable(stem))
+    if not _undecodable(stem):
+        return name, None
+    try:
+        guess = unicodedata.normalize("NFC", stem.encode("utf-8", "surrogateescape").decode("cp949"))
+    except UnicodeDecodeError:
+        return name, NOT_UTF8
+    if readable(guess) != guess:
+        return name, NOT_UTF8
+    return name, messages.N_("file name is not UTF-8: its bytes are shown as \\xNN; read as CP949 (Korean Windows) "
+                             "it is {guess!r}", guess=guess)
 
 
 def read_bytes(path: str, limit: int = MAX_BYTES) -> bytes:
