@@ -14,6 +14,7 @@ import json
 import os
 import unicodedata
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,7 +130,8 @@ def find(paths: list[Path], pristine: dict[str, nbformat.NotebookNode], lesson: 
     findings: dict[Path, list[str]] = defaultdict(list)
     summary: list[str] = []
 
-    def group(key, what: str, finding, apart=lambda s, o: True) -> None:
+    def group(key: Callable[[Seen], object], what: str, finding: Callable[[Seen, Seen], str],
+              apart: Callable[[Seen, Seen], bool] = lambda s, o: True) -> None:
         """Flag every pair of files with the same ``key`` that are ``apart`` (a hard link is one file,
         not two copies)."""
         groups: dict[object, list[Seen]] = defaultdict(list)
