@@ -63,18 +63,19 @@ def run_notebook(path: Path, mode: str, inplace: bool, cell_timeout: int, out_di
     except CellExecutionError as exc:
         status = f"error: {exc.ename}: {exc.evalue}"[:160]
     seconds = time.perf_counter() - start
+    load_after = os.getloadavg()[0]
     device = str(runtime.device())
     if status == "ok":
         # the run's record: the prose may quote its time and load (the prose-number check reads them here)
         nb.metadata["course"] = {**nb.metadata.get("course", {}), "mode": mode, "device": device,
                                  "seconds": round(seconds, 1),
-                                 "load": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
+                                 "load": [round(load_before, 2), round(load_after, 2)]}
         if inplace:
             nbformat.write(nb, path)
         if out_dir is not None:
             nbformat.write(nb, out_dir / path.name)
     return {"notebook": str(path), "mode": mode, "device": device, "seconds": seconds, "status": status,
-            "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2),
+            "load_before": round(load_before, 2), "load_after": round(load_after, 2),
             "cells": clock.cells, "slow_cells": clock.slow()}
 
 
