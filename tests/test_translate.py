@@ -1,6 +1,7 @@
 """Language editions (translations/<lang>/*.yaml -> notebooks/<lang>/, exercises/<lang>/) stay in sync with English."""
 
 import ast
+import copy
 import re
 import shutil
 import subprocess
@@ -57,6 +58,8 @@ def test_code_and_outputs_identical_to_english(path):
                 assert mine.execution_count == theirs.execution_count
                 assert [o.output_type for o in mine.outputs] == [o.output_type for o in theirs.outputs]
                 streams = [o for o in theirs.outputs if o.output_type == "stream"]
+                if translate.RERUN_TAG in theirs.metadata.get("tags", []):
+                    continue  # printed again in its language: test_a_tagged_cell_prints_again_in_each_language
                 for a, b in zip(mine.outputs, theirs.outputs, strict=True):
                     if "reveal(" not in theirs.source or b is not streams[-1]:
                         assert a == b
@@ -64,6 +67,40 @@ def test_code_and_outputs_identical_to_english(path):
                     why = next(po_catalogue.whys(ast.parse(po_catalogue.cell_source(theirs.source))))[1]
                     with messages.speaking(lang):
                         assert a.text == predict.stored_reveal(b.text, why)
+
+
+def _rerun(lang: str, english: nbformat.NotebookNode, cell_id: str) -> tuple[str, list[str]]:
+    code = [c for c in copy.deepcopy(english).cells if c.cell_type == "code"]
+    index = next(i for i, c in enumerate(code) if c.id == cell_id)
+    with messages.speaking(lang):
+        problems = translate.rerun_in_language(code[index], code[:index], "test")
+    return "".join(code[index].outputs[0].text), problems
+
+
+def test_a_tagged_cell_prints_again_in_each_language():
+    """Lesson 00 shows a check's report on functions it defines: in English the cell, run again, prints
+    exactly its stored output (so it depends on nothing but its imports), and the Korean edition stores
+    the same report in Korean."""
+    english = nbformat.read(ROOT / "notebooks" / "00_setup.ipynb", as_version=4)
+    korean = nbformat.read(ROOT / "notebooks" / "ko" / "00_setup.ipynb", as_version=4)
+    tagged = [c for c in english.cells if translate.RERUN_TAG in c.metadata.get("tags", [])]
+    assert len(tagged) == 2
+    for cell in tagged:
+        again, problems = _rerun("en", english, cell.id)
+        assert problems == [] and again == "".join(cell.outputs[0].text)
+        in_korean, problems = _rerun("ko", english, cell.id)
+        stored = next(c for c in korean.cells if c.id == cell.id)
+        assert problems == [] and in_korean == "".join(stored.outputs[0].text)
+        assert "cases passed" not in in_korean and "경우" in in_korean
+
+
+def test_a_tagged_cell_that_fails_is_a_problem_not_a_crash():
+    cell = nbformat.v4.new_code_cell("print(undefined_name)", id="abcd1234")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="x\n")]
+    problems = translate.rerun_in_language(cell, [], "00 (notebooks)")
+    assert problems == ["00 (notebooks): cell abcd1234: running it again failed: NameError: "
+                        "name 'undefined_name' is not defined"]
+    assert cell.outputs[0].text == "x\n"
 
 
 @pytest.mark.parametrize("path", [p for p in FILES if p.parent.name == "ko"], ids=lambda p: p.stem)

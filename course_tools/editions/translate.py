@@ -10,13 +10,16 @@ Every built file opens with a banner naming its two sources and this command (`c
 The check messages are translated in `translations/<lang>/LC_MESSAGES/course.po` and compiled into
 `course_tools/locale/<lang>/LC_MESSAGES/course.mo` (`course_tools.editions.po_catalogue`); a built
 notebook's setup cell gains the line that makes the checks speak its language, and its stored reveal
-lines are given in that language (`course_tools.exercises.predict.stored_reveal`).
+lines are given in that language (`course_tools.exercises.predict.stored_reveal`). A cell tagged
+`edition-rerun` (a lesson cell that shows a check's report on a function it defines) is the one exception to
+"nothing is executed": its printout is made again in the edition's language (`rerun_in_language`).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import copy
 import gettext
 import hashlib
@@ -46,6 +49,8 @@ DOC_SECTIONS = ("sections", "english_only")
 # what `course translate <lang>` appends to the first code cell (the setup) of a built notebook
 LANGUAGE_LINE = "from course_tools import messages\nmessages.use({lang!r})  # checks and reveals speak {name}"
 NAMES = {"ko": "Korean"}
+# a lesson cell whose printout is a check's report, made again in each edition's language
+RERUN_TAG = "edition-rerun"
 
 
 def source_hash(text: str) -> str:
@@ -188,7 +193,32 @@ def speaking(nb: nbformat.NotebookNode, lang: str, where: str) -> tuple[nbformat
                             "lines; they stay English")
         else:
             streams[-1].text = shown
+    for index, cell in enumerate(code):
+        if RERUN_TAG in cell.metadata.get("tags", []):
+            problems += rerun_in_language(cell, code[:index], where)
     return out, problems
+
+
+def rerun_in_language(cell: nbformat.NotebookNode, before: list[nbformat.NotebookNode], where: str) -> list[str]:
+    """Execute ``cell`` again, in this process and the language now spoken, and store its printout in place
+    of the English one. The cell runs in a fresh namespace in which only the import statements of the code
+    cells ``before`` it have run: a tagged cell must define what it checks itself, so its output depends on
+    nothing else the notebook computed. Returns the problems (an error, or an output that is not one stream)."""
+    streams = [o for o in cell.outputs if o.get("output_type") == "stream" and o.get("name") == "stdout"]
+    if len(streams) != 1 or len(cell.outputs) != 1:
+        return [f"{where}: cell {cell.id}: tagged {RERUN_TAG} but its stored output is not one printout"]
+    imports = [node for c in before for node in ast.parse(po_catalogue.cell_source(c.source)).body
+               if isinstance(node, (ast.Import, ast.ImportFrom))]
+    namespace: dict = {"__name__": "__edition__"}
+    printed = io.StringIO()
+    try:
+        exec(compile(ast.Module(body=imports, type_ignores=[]), f"<{where} imports>", "exec"), namespace)
+        with contextlib.redirect_stdout(printed):
+            exec(compile(po_catalogue.cell_source(cell.source), f"<{where} cell {cell.id}>", "exec"), namespace)
+    except Exception as error:  # a problem of the notebook, reported like a stale translation
+        return [f"{where}: cell {cell.id}: running it again failed: {type(error).__name__}: {error}"]
+    streams[0].text = printed.getvalue()
+    return []
 
 
 def build_file(root: Path, path: Path, catalogue: gettext.NullTranslations | None = None) -> Edition:
