@@ -140,6 +140,14 @@ def test_a_literal_of_an_executed_code_cell_counts_but_not_a_comment(tmp_path: P
     assert len(pc.unmatched_numbers(path, allowed=[])) == 2
 
 
+def test_a_magic_line_does_not_hide_the_cell_literals(tmp_path: Path) -> None:
+    path = _notebook(tmp_path, "We train at a rate of 5e-3.", "done\n")
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[1].source = "%%time\nlr = 5e-3\n!ls\nprint(x)"
+    nbformat.write(nb, path)
+    assert pc.unmatched_numbers(path, allowed=[]) == []
+
+
 def test_claims_must_name_a_section_with_an_executed_check(tmp_path: Path) -> None:
     nb = nbformat.v4.new_notebook()
     nb.cells = [

@@ -36,6 +36,8 @@ from typing import Any
 import nbformat
 import yaml
 
+from course_tools.editions import po_catalogue
+
 ROOT = Path(__file__).resolve().parents[2]
 ALLOW_DIR = ROOT / "tests" / "prose_numbers"
 
@@ -234,10 +236,11 @@ _OUTPUT_NUMBER = re.compile(r"(?<![\w.])[-−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d
 
 
 def _code_literals(source: str) -> str:
-    """The numeric literals of a code cell's source (its comments left out: a comment is prose, not code)."""
+    """The numeric literals of a code cell's source (its comments left out: a comment is prose, not code;
+    its IPython lines blanked, so a ``%time`` line does not hide the cell's literals)."""
     try:
-        tree = ast.parse(source)
-    except SyntaxError:  # IPython magics and the like: no literal counts
+        tree = ast.parse(po_catalogue.cell_source(source))
+    except SyntaxError:  # not Python even without its magics: no literal counts
         return ""
     return " ".join(repr(node.value) for node in ast.walk(tree)
                     if isinstance(node, ast.Constant) and type(node.value) in (int, float))
