@@ -137,6 +137,19 @@ def test_a_clipped_token_gets_no_gradient_and_is_counted():
         assert stats["clip_fraction"] == sum(clipped) / 4
 
 
+def test_clip_higher_widens_only_the_upper_bound():
+    # DAPO's clip-higher: ε = 0.2 below, ε_high = 0.28 above; ratios 1.25 and 0.75
+    logp = torch.log(torch.tensor([[1.25, 0.75]], dtype=torch.float64)).requires_grad_()
+    old, mask = torch.zeros(1, 2, dtype=torch.float64), torch.ones(1, 2, dtype=torch.bool)
+    for sign, clipped in ((1.0, [False, False]), (-1.0, [False, True])):
+        loss, stats = grpo_loss(logp, old, None, torch.tensor([sign], dtype=torch.float64), mask, 0.2, 0.0,
+                                clip_eps_high=0.28)
+        (grad,) = torch.autograd.grad(loss, logp)
+        assert (grad[0] == 0).tolist() == clipped and stats["clip_fraction"] == sum(clipped) / 2
+    loss, stats = grpo_loss(logp, old, None, torch.tensor([1.0], dtype=torch.float64), mask, 0.2, 0.0)
+    assert stats["clip_fraction"] == 0.5  # without clip-higher, 1.25 > 1.2 is clipped
+
+
 def test_the_kl_term_is_k3_and_never_negative():
     logp, _, ref, A, mask = loss_inputs()
     with_kl, stats = grpo_loss(logp, logp.detach(), ref, A, mask, 0.2, 0.5)
