@@ -126,7 +126,9 @@ def gives_away(line: str, measured: str) -> bool:
 
 
 # First lines that hold the measured number by coincidence, not as the answer.
-INCIDENTAL = {"9bbd5764": "'H=4' is the number of heads; the answer is the factor 4 by which memory grows"}
+INCIDENTAL = {"9bbd5764": "'H=4' is the number of heads; the answer is the factor 4 by which memory grows",
+              "cd6c664c": "'99.8%' is the model's exact match; the answer is the share of digit syllables (99.5%) "
+                          "that put their strongest weight on their own digit"}
 
 
 @pytest.mark.parametrize("name", LESSONS)
