@@ -151,8 +151,8 @@ class SkipGram(nn.Module):
         by ``p -= lr * p.grad`` (the tests check this), several times faster: rows are read with
         ``index_select`` and written back with ``scatter_add_`` (repeated ids add up), PyTorch's
         fast CPU paths for row lookups and row sums. The rows' update is written over ``u`` once
-        ``u`` is used up: most of the step's time goes into moving (B·(1+K), D) blocks through
-        memory, so one block fewer is faster, most of all when other programs share the caches.
+        ``u`` is used up: the step's time grows with D (it moves (B·(1+K), D) blocks through
+        memory), and this is one such block fewer to allocate and fill.
         Returns the mean loss of the batch before the step.
         """
         B, D = centre.numel(), self.in_embed.shape[1]
