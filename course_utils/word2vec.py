@@ -150,7 +150,10 @@ class SkipGram(nn.Module):
         only the B + B·(K+1) rows in play. It equals ``forward(...).sum().backward()`` followed
         by ``p -= lr * p.grad`` (the tests check this), several times faster: rows are read with
         ``index_select`` and written back with ``scatter_add_`` (repeated ids add up), PyTorch's
-        fast CPU paths for row lookups and row sums. Returns the mean loss of the batch before the step.
+        fast CPU paths for row lookups and row sums. The rows' update is written over ``u`` once
+        ``u`` is used up: the step's time grows with D (it moves (B·(1+K), D) blocks through
+        memory), and this is one such block fewer to allocate and fill.
+        Returns the mean loss of the batch before the step.
         """
         B, D = centre.numel(), self.in_embed.shape[1]
         targets = torch.cat([context[:, None], noise], dim=1).reshape(-1)  # (B·(1+K),) context first
@@ -162,7 +165,7 @@ class SkipGram(nn.Module):
         step[:, 0] -= 1.0  # dloss/dscore = σ(s) - label, label 1 for the context word, 0 for noise
         step *= -lr
         delta_v = torch.bmm(step[:, None, :], u).squeeze(1)  # (B, D): -lr · Σ_k g_k u_k
-        delta_u = (step[..., None] * v[:, None, :]).view(-1, D)  # (B·(1+K), D): -lr · g_k v_c
+        delta_u = torch.mul(step[..., None], v[:, None, :], out=u).view(-1, D)  # (B·(1+K), D): -lr · g_k v_c
         self.out_embed.scatter_add_(0, targets[:, None].expand(-1, D), delta_u)
         self.in_embed.scatter_add_(0, centre[:, None].expand(-1, D), delta_v)
         return float(loss)
