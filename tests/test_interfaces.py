@@ -100,6 +100,10 @@ def check(module: str, name: str, params: str) -> list[str]:
             if p.kind is not inspect.Parameter.VAR_KEYWORD or item[2:] != p.name:
                 problems.append(f"{item!r} vs {p}")
             continue
+        if item.startswith("*"):
+            if p.kind is not inspect.Parameter.VAR_POSITIONAL or item[1:] != p.name:
+                problems.append(f"{item!r} vs {p}")
+            continue
         pname, _, default = item.partition("=")
         if pname != p.name:
             problems.append(f"parameter {pname!r} is {p.name!r} in the code")
