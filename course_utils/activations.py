@@ -109,9 +109,9 @@ def resolve(names: dict[str, int], key: Key) -> tuple[str, int]:
     pair = isinstance(key, tuple) and len(key) == 2
     name, layer = (key, None) if isinstance(key, str) else key if pair else (None, None)
     if name not in names:
+        layered, alone = ([n for n in names if _layerless(n) is want] for want in (False, True))
         raise ActivationKeyError(f"no activation {key!r}; keys are (name, layer) with a name from "
-                                 f"{', '.join(n for n in names if not _layerless(n))}; or {' or '.join(n for n in names if _layerless(n))} "
-                                 "alone")
+                                 f"{', '.join(layered)}; or {' or '.join(alone)} alone")
     if _layerless(name):
         if layer is not None:
             raise ActivationKeyError(f"{name!r} belongs to no block; write it without a layer: [{name!r}]")
