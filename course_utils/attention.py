@@ -3,6 +3,7 @@
 Attention is computed on one of two paths that give the same numbers (``attend``): the explicit
 softmax(q kᵀ/√d_k) v of lesson 02 (``scaled_dot_product_attention``, which also returns the
 weights) or PyTorch's fused ``F.scaled_dot_product_attention`` (fast, no weights kept).
+``weights_kept`` keeps a model's attention weights during its forward by running the first path.
 
 Shapes: B batch, H heads, T queries, S keys/values, D = d_model, d_k / d_v per-head widths.
 Masks are boolean with True = may attend (as in ``torch.nn.functional.scaled_dot_product_attention``)
@@ -14,7 +15,9 @@ also what PyTorch's own kernel returns.
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -382,3 +385,40 @@ class MultiHeadAttention(nn.Module):
         if self.alibi:
             mask = with_alibi(mask, self.n_heads, T, S, q.dtype, x.device)
         return q, k, v, mask
+
+
+class WeightedLayer(Protocol):
+    """An attention layer that can return its weights: ``forward_with_weights(...) -> (out, weights)``."""
+
+    def forward_with_weights(self, *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@contextmanager
+def weights_kept(layers: Sequence[nn.Module]) -> Iterator[list[torch.Tensor]]:
+    """While open, each layer of ``layers`` (an attention layer with ``forward_with_weights``) runs
+    ``forward_with_weights`` where it is called, hands on its output and appends its weights
+    (B, H, T, S) to the list this yields, in the order the calls happen.
+
+    The layer is still called through ``nn.Module.__call__``, so hooks on it and inside it fire once,
+    and it runs once: on the explicit path, which gives the numbers the fused kernel gives (lesson 03
+    checks it) and is the softmax the lessons derive. The model's code needs no recording argument:
+    ``encoder_decoder`` keeps its cross-attention maps this way and ``activations`` every layer's.
+    """
+    kept: list[torch.Tensor] = []
+
+    def keeping(layer: WeightedLayer) -> Callable[..., torch.Tensor]:  # its forward_with_weights, as forward
+        def forward(*args: object, **kwargs: object) -> torch.Tensor:
+            out, weights = layer.forward_with_weights(*args, **kwargs)
+            kept.append(weights)
+            return out
+        return forward
+
+    if len({id(layer) for layer in layers}) < len(layers) or any("forward" in vars(layer) for layer in layers):
+        raise ValueError("a layer would keep its weights twice; give each layer once, to one weights_kept")
+    for layer in layers:
+        setattr(layer, "forward", keeping(cast(WeightedLayer, layer)))  # noqa: B010 (an instance attribute)
+    try:
+        yield kept
+    finally:
+        for layer in layers:
+            delattr(layer, "forward")

@@ -18,7 +18,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_utils.attention import KVCache, MultiHeadAttention, merge_heads, scaled_dot_product_attention, split_heads
+from course_utils.attention import (
+    KVCache,
+    MultiHeadAttention,
+    merge_heads,
+    scaled_dot_product_attention,
+    split_heads,
+    weights_kept,
+)
 from course_utils.blocks import FeedForward, LayerNorm, TransformerBlock, make_block
 from course_utils.positional import LearnedPositionalEmbedding
 
@@ -101,32 +108,30 @@ class DecoderBlock(nn.Module):
                 src_keep: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
         """x (B, T, D), the block's projected memory (keys, values) -> (B, T, D).
 
-        With ``kv_cache`` the T new positions attend to every earlier one kept in the cache.
+        With ``kv_cache`` the T new positions attend to every earlier one kept in the cache. Every
+        sublayer is called as a module, so hooks see it (``activations``).
         """
-        return self.forward_with_weights(x, memory_kv, src_keep, kv_cache)[0]
+        def self_attn(h: torch.Tensor) -> torch.Tensor:
+            return self.dropout(self.self_attn(h, causal=True, kv_cache=kv_cache))
+
+        def cross_attn(h: torch.Tensor) -> torch.Tensor:
+            return self.dropout(self.cross_attn(h, src_keep=src_keep, memory_kv=memory_kv))
+
+        if self.norm_first:
+            x = x + self_attn(self.norm1(x))
+            x = x + cross_attn(self.norm2(x))
+            return x + self.ffn(self.norm3(x))
+        x = self.norm1(x + self_attn(x))
+        x = self.norm2(x + cross_attn(x))
+        return self.norm3(x + self.ffn(x))
 
     def forward_with_weights(self, x: torch.Tensor, memory_kv: tuple[torch.Tensor, torch.Tensor],
                              src_keep: torch.Tensor | None = None,
                              kv_cache: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Like ``forward``, also returning the cross-attention weights (B, H, T, S)."""
-        def self_attn(h: torch.Tensor) -> torch.Tensor:
-            return self.dropout(self.self_attn(h, causal=True, kv_cache=kv_cache))
-
-        def cross_attn(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            out, w = self.cross_attn.forward_with_weights(h, src_keep=src_keep, memory_kv=memory_kv)
-            return self.dropout(out), w
-
-        if self.norm_first:
-            x = x + self_attn(self.norm1(x))
-            a, weights = cross_attn(self.norm2(x))
-            x = x + a
-            x = x + self.ffn(self.norm3(x))
-        else:
-            x = self.norm1(x + self_attn(x))
-            a, weights = cross_attn(x)
-            x = self.norm2(x + a)
-            x = self.norm3(x + self.ffn(x))
-        return x, weights
+        with weights_kept([self.cross_attn]) as kept:
+            out = self(x, memory_kv, src_keep, kv_cache)
+        return out, kept[0]
 
 
 class Stack(nn.Module):
@@ -179,18 +184,18 @@ class Transformer(nn.Module):
     def decode(self, tgt: torch.Tensor, memory_kv: list[tuple[torch.Tensor, torch.Tensor]],
                src_keep: torch.Tensor | None = None, kv_caches: list[KVCache] | None = None) -> torch.Tensor:
         """tgt (B, T, D) -> (B, T, D)."""
-        return self.decode_with_weights(tgt, memory_kv, src_keep, kv_caches)[0]
+        caches: list[KVCache | None] = list(kv_caches) if kv_caches else [None] * len(self.decoder.blocks)
+        for block, kv, cache in zip(self.decoder.blocks, memory_kv, caches, strict=True):
+            tgt = block(tgt, kv, src_keep, kv_cache=cache)
+        return self.decoder.final_norm(tgt)
 
     def decode_with_weights(self, tgt: torch.Tensor, memory_kv: list[tuple[torch.Tensor, torch.Tensor]],
                             src_keep: torch.Tensor | None = None, kv_caches: list[KVCache] | None = None,
                             ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Like ``decode``, also returning every block's cross-attention weights (B, H, T, S)."""
-        caches: list[KVCache | None] = list(kv_caches) if kv_caches else [None] * len(self.decoder.blocks)
-        maps = []
-        for block, kv, cache in zip(self.decoder_blocks(), memory_kv, caches, strict=True):
-            tgt, weights = block.forward_with_weights(tgt, kv, src_keep, kv_cache=cache)
-            maps.append(weights)
-        return self.decoder.final_norm(tgt), maps
+        with weights_kept([block.cross_attn for block in self.decoder_blocks()]) as maps:
+            out = self.decode(tgt, memory_kv, src_keep, kv_caches)
+        return out, maps
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor, src_pad: torch.Tensor | None = None) -> torch.Tensor:
         """src (B, S, D), tgt (B, T, D), src_pad (B, S) True = padding -> (B, T, D).
@@ -327,16 +332,17 @@ class EncoderDecoder(nn.Module):
 
         With ``kv_caches`` the T ids continue the ones already cached (their positions start there).
         """
-        return self.decode_with_weights(tgt_in, memory_kv, src_keep, kv_caches)[0]
+        offset = len(kv_caches[0]) if kv_caches else 0
+        out = self.transformer.decode(self.tgt_embedding(tgt_in, offset), memory_kv, src_keep, kv_caches)
+        return self.lm_head(out)
 
     def decode_with_weights(self, tgt_in: torch.Tensor, memory_kv: list[tuple[torch.Tensor, torch.Tensor]],
                             src_keep: torch.Tensor, kv_caches: list[KVCache] | None = None,
                             ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Like ``decode``, also returning the cross-attention weights of every block (B, H, T, S)."""
-        offset = len(kv_caches[0]) if kv_caches else 0
-        out, maps = self.transformer.decode_with_weights(self.tgt_embedding(tgt_in, offset), memory_kv, src_keep,
-                                                         kv_caches)
-        return self.lm_head(out), maps
+        with weights_kept([block.cross_attn for block in self.transformer.decoder_blocks()]) as maps:
+            logits = self.decode(tgt_in, memory_kv, src_keep, kv_caches)
+        return logits, maps
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """src (B, S), tgt_in (B, T) ids -> logits (B, T, V)."""

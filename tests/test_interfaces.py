@@ -96,8 +96,10 @@ def check(module: str, name: str, params: str) -> list[str]:
             continue
         p = actual[i]
         i += 1
-        if item.startswith("**"):
-            if p.kind is not inspect.Parameter.VAR_KEYWORD or item[2:] != p.name:
+        if item.startswith("*"):  # *args or **kwargs
+            stars = 2 if item.startswith("**") else 1
+            kind = inspect.Parameter.VAR_KEYWORD if stars == 2 else inspect.Parameter.VAR_POSITIONAL
+            if p.kind is not kind or item[stars:] != p.name:
                 problems.append(f"{item!r} vs {p}")
             continue
         pname, _, default = item.partition("=")
