@@ -183,28 +183,25 @@ def test_generate_restores_training_mode_and_checks_input():
 
 # ------------------------------------------------------------------------ lesson 07 exercises
 
-def test_sampling_exercises_catch_the_classic_mistakes():
-    from course_tools.exercises.checks import FAIL, PASS, run
+def test_sampling_exercises_catch_the_classic_mistakes(run_exercise):
+    from course_tools.exercises.checks import FAIL
     from course_tools.exercises.references import lesson07 as ex
-
-    for name in ("sample_with_temperature", "top_k_probs", "top_p_probs", "kv_attention_step"):
-        assert run(name, getattr(ex, name), seed=0).status == PASS
 
     def from_logits(logits, temperature, u):  # inverse CDF over logits, not probabilities
         return ex._inverse_cdf(logits / temperature, u) if temperature else logits.argmax(-1)
 
-    result = run("sample_with_temperature", from_logits, seed=0)
+    result = run_exercise("sample_with_temperature", from_logits)
     assert result.status == FAIL and "softmax" in result.report()
     def drops_crossing_token(logits, p):
         kept = torch.softmax(logits, -1) * ex._kept_without_crossing_token(logits, p)
         return kept / kept.sum(-1, keepdim=True)
 
-    result = run("top_p_probs", drops_crossing_token, seed=0)
+    result = run_exercise("top_p_probs", drops_crossing_token)
     assert result.status == FAIL and "carries the sum past p" in result.report()
 
     def cache_only(q, k_new, v_new, k_cache, v_cache):  # forgot to append the new key and value
         weights = torch.softmax(q @ k_cache.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1)
         return weights @ v_cache, torch.cat([k_cache, k_new], -2), torch.cat([v_cache, v_new], -2)
 
-    result = run("kv_attention_step", cache_only, seed=0)
+    result = run_exercise("kv_attention_step", cache_only)
     assert result.status == FAIL and "attend to itself" in result.report()

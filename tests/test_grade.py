@@ -136,14 +136,6 @@ def graded(tmp_path_factory):
     return {"rows": rows, "out": out, "folder": folder}
 
 
-def scores(row):
-    return {e["name"]: e["points"] for e in row["exercises"] if e["name"] in FUNCTIONS}
-
-
-def statuses(row):
-    return {e["name"]: e["status"] for e in row["exercises"] if e["name"] in FUNCTIONS}
-
-
 def test_solutions_get_full_marks(graded):
     row = graded["rows"]["full"]
     assert (row["total"], row["max"], row["pending"], row["lesson"]) == (FULL, MAX, MAX - FULL, LESSON)
@@ -156,61 +148,61 @@ def test_fresh_exercises_get_zero_not_attempted(graded):
     assert {e["status"] for e in row["exercises"]} == {"not attempted", PENDING}
 
 
-def test_half_done_gets_partial_marks(graded):
+def test_half_done_gets_partial_marks(graded, scores, statuses):
     row = graded["rows"]["half"]
     assert scores(row) == {"flatten_tokens": 1, "mean_over_time": 0, "pairwise_dots": 2}
     assert statuses(row)["mean_over_time"] == "not attempted"
 
 
-def test_infinite_loop_costs_only_that_exercise(graded):
+def test_infinite_loop_costs_only_that_exercise(graded, scores, statuses):
     row = graded["rows"]["loop"]
     assert statuses(row)["flatten_tokens"] == "timeout"
     assert scores(row) == {"flatten_tokens": 0, "mean_over_time": 1, "pairwise_dots": 0}
 
 
-def test_crashing_kernel_is_reported_and_keeps_the_gradebook_going(graded):
+def test_crashing_kernel_is_reported_and_keeps_the_gradebook_going(graded, statuses):
     row = graded["rows"]["crash"]
     assert row["total"] == 0 and row["status"] == "notebook crashed"
     assert all(s.startswith("error") for s in statuses(row).values())
 
 
-def test_exceptions_are_one_line_statuses(graded):
+def test_exceptions_are_one_line_statuses(graded, statuses):
     st = statuses(graded["rows"]["errors"])
     assert st["mean_over_time"] == "error: ZeroDivisionError: division by zero"
     assert st["pairwise_dots"].startswith("error: SyntaxError")
     assert st["flatten_tokens"] == "pass"
 
 
-def test_huge_print_is_capped_and_still_graded(graded):
+def test_huge_print_is_capped_and_still_graded(graded, scores):
     row = graded["rows"]["printer"]
     assert scores(row)["flatten_tokens"] == 1
 
 
-def test_memory_hungry_answer_loses_only_its_points(graded):
+def test_memory_hungry_answer_loses_only_its_points(graded, scores, statuses):
     row = graded["rows"]["hungry"]
     assert statuses(row)["mean_over_time"].startswith("error: RuntimeError")
     assert scores(row)["flatten_tokens"] == 1 and scores(row)["mean_over_time"] == 0
 
 
-def test_tampered_check_cells_change_nothing(graded):
+def test_tampered_check_cells_change_nothing(graded, statuses):
     row = graded["rows"]["tamper"]
     assert (row["total"], row["max"]) == (0, MAX)
     assert statuses(row)["flatten_tokens"] == "fail"
 
 
-def test_monkeypatching_inside_the_answer_cannot_raise_the_score(graded):
+def test_monkeypatching_inside_the_answer_cannot_raise_the_score(graded, scores, statuses):
     row = graded["rows"]["monkey"]
     assert scores(row)["flatten_tokens"] == 0 and statuses(row)["flatten_tokens"] == "fail"
 
 
-def test_files_written_by_answers_stay_in_a_temporary_folder(graded):
+def test_files_written_by_answers_stay_in_a_temporary_folder(graded, scores):
     row = graded["rows"]["writer"]
     assert scores(row)["flatten_tokens"] == 1
     assert not (ROOT / "pwned.txt").exists() and not (graded["folder"] / "pwned.txt").exists()
     assert nbformat.read(ROOT / "exercises" / f"{LESSON}.ipynb", as_version=4).cells
 
 
-def test_duplicate_and_missing_answer_cells(graded):
+def test_duplicate_and_missing_answer_cells(graded, scores, statuses):
     dup = graded["rows"]["duplicate"]
     assert statuses(dup)["flatten_tokens"] == "2 answer cells with grade_id 'flatten_tokens'"
     assert scores(dup) == {"flatten_tokens": 0, "mean_over_time": 1, "pairwise_dots": 2}
