@@ -24,6 +24,7 @@ from course_tools.cli import main
 from course_tools.grading import sandbox as sandboxing
 from course_tools.grading.sandbox import Caps, Sandbox, SandboxError
 
+pytestmark = pytest.mark.slow  # the attacks are graded in sandboxes, a class at a time
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -35,6 +35,7 @@ from course_tools.grading import sandbox as sandboxing
 from course_tools.grading.job import JobSpec, Limits
 from course_tools.grading.sandbox import Caps, Cgroup, Sandbox, SandboxError
 
+pytestmark = pytest.mark.slow  # the attacks are graded in sandboxes
 ROOT = Path(__file__).resolve().parent.parent
 SYSCALLS = {"x86_64": (248, 249, 250), "aarch64": (217, 218, 219)}  # add_key, request_key, keyctl
 KEY_SPEC_SESSION_KEYRING = -3

@@ -21,6 +21,7 @@ from test_grade_attacks import _grade, answers, needs_sandbox
 
 from course_tools.grading import submission
 
+pytestmark = pytest.mark.slow  # sandboxes graded side by side, and the attacks on them
 ROOT = Path(__file__).resolve().parent.parent
 WAIT = 25  # seconds each side of the lock channel waits for the other before giving up
 
