@@ -158,6 +158,7 @@ def nbgrader_course(tmp_path_factory):
     return course
 
 
+@pytest.mark.slow
 @needs_nbgrader
 @pytest.mark.parametrize("lesson", sorted(p.stem for p in (ROOT / "exercises").glob("*.ipynb")))
 def test_nbgrader_releases_exactly_the_exercises(nbgrader_course, lesson):
@@ -171,6 +172,7 @@ def test_nbgrader_releases_exactly_the_exercises(nbgrader_course, lesson):
     assert not any("**Why this answer.**" in c.source for c in released.cells)
 
 
+@pytest.mark.slow
 @needs_nbgrader
 def test_nbgrader_autograde_scores_a_solution_full_and_a_fresh_exercise_zero(nbgrader_course):
     lesson = "00_setup"

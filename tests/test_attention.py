@@ -33,10 +33,6 @@ SIZES = [(1, 1), (3, 4), (2, 7)]  # (B, T): a single token, a batch, an odd leng
 WIDTHS = [(15, 3, None, None), (7, 1, None, None), (16, 4, None, None), (10, 3, 4, 6)]
 
 
-def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).detach().abs().max()) if a.numel() else 0.0
-
-
 def gen(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
@@ -54,14 +50,14 @@ def random_lengths(B: int, T: int, g: torch.Generator) -> torch.Tensor:
 @pytest.mark.parametrize("dim", [0, 1, -1])
 def test_softmax_matches_torch(dim):
     x = torch.randn(3, 5, 7, generator=gen())
-    assert max_err(softmax(x, dim=dim), torch.softmax(x, dim=dim)) <= TOL
+    torch.testing.assert_close(softmax(x, dim=dim), torch.softmax(x, dim=dim), atol=TOL, rtol=0)
 
 
 def test_softmax_is_stable_for_large_scores():
     x = torch.tensor([[1000.0, 1001.0, 1002.0], [-1000.0, -1001.0, -1002.0]])
     got = softmax(x)
     assert torch.isfinite(got).all()
-    assert max_err(got, torch.softmax(x.double(), dim=-1).float()) <= TOL
+    torch.testing.assert_close(got, torch.softmax(x.double(), dim=-1).float(), atol=TOL, rtol=0)
     # the naive formula overflows: exp(1000) = inf, inf / inf = NaN
     assert torch.isnan(x.exp() / x.exp().sum(-1, keepdim=True)).any()
 
@@ -70,7 +66,7 @@ def test_softmax_fully_masked_row_is_zero():
     x = torch.tensor([[0.0, 1.0], [float("-inf"), float("-inf")]])
     got = softmax(x)
     assert torch.equal(got[1], torch.zeros(2))
-    assert max_err(got[0], torch.softmax(x[0], -1)) <= TOL
+    torch.testing.assert_close(got[0], torch.softmax(x[0], -1), atol=TOL, rtol=0)
 
 
 # --- masks -----------------------------------------------------------------------------------------
@@ -135,10 +131,10 @@ def test_sdpa_matches_torch(B, T, S, kind):
     ref_mask = causal_mask(T, S) if causal else mask
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=ref_mask)
     assert out.shape == (B, H, T, d_v) and weights.shape == (B, H, T, S)
-    assert max_err(out, ref) <= TOL
+    torch.testing.assert_close(out, ref, atol=TOL, rtol=0)
     # rows sum to one, except the queries a causal mask with T > S leaves with no key at all
     alive = torch.ones(T) if ref_mask is None else ref_mask.any(-1).float()
-    assert max_err(weights.sum(-1), alive.expand(B, H, T)) <= TOL
+    torch.testing.assert_close(weights.sum(-1), alive.expand(B, H, T), atol=TOL, rtol=0)
 
 
 def test_sdpa_weights_by_hand():
@@ -147,8 +143,8 @@ def test_sdpa_weights_by_hand():
     v = torch.tensor([[10.0], [20.0]])
     out, w = scaled_dot_product_attention(q, k, v)
     a = torch.tensor(1 / 2**0.5).exp()
-    assert max_err(w, torch.tensor([[a / (a + 1), 1 / (a + 1)]])) <= TOL
-    assert max_err(out, w @ v) <= TOL
+    torch.testing.assert_close(w, torch.tensor([[a / (a + 1), 1 / (a + 1)]]), atol=TOL, rtol=0)
+    torch.testing.assert_close(out, w @ v, atol=TOL, rtol=0)
 
 
 def test_sdpa_causal_combines_with_a_mask():
@@ -157,12 +153,12 @@ def test_sdpa_causal_combines_with_a_mask():
     pad = padding_mask([4, 2], 4)[:, None, :]  # (B, 1, S)
     out, w = scaled_dot_product_attention(q, k, v, pad, causal=True)
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=pad & causal_mask(4))
-    assert max_err(out, ref) <= TOL
+    torch.testing.assert_close(out, ref, atol=TOL, rtol=0)
     assert (w[1, :, 2:] == 0).all() and (w.triu(1) == 0).all()
     float_mask = torch.zeros(1, 4).masked_fill(~padding_mask([3], 4), float("-inf"))
     out_f, _ = scaled_dot_product_attention(q, k, v, float_mask, causal=True)
     ref_f = F.scaled_dot_product_attention(q, k, v, attn_mask=padding_mask([3], 4) & causal_mask(4))
-    assert max_err(out_f, ref_f) <= TOL
+    torch.testing.assert_close(out_f, ref_f, atol=TOL, rtol=0)
 
 
 def test_fully_masked_rows_give_zero_output_not_nan():
@@ -173,7 +169,7 @@ def test_fully_masked_rows_give_zero_output_not_nan():
     mask[1] = False
     out, w = scaled_dot_product_attention(q, k, v, mask)
     assert torch.equal(w[:, 1], torch.zeros(2, 5)) and torch.equal(out[:, 1], torch.zeros(2, 4))
-    assert max_err(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask)) <= TOL
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), atol=TOL, rtol=0)
     out.sum().backward()
     assert torch.isfinite(q.grad).all()
     # a causal mask with more queries than keys leaves the first T - S queries with nothing to see
@@ -188,7 +184,8 @@ def test_sdpa_dropout_only_drops_weights():
     _, w = scaled_dot_product_attention(q, k, v, dropout_p=0.5)
     _, w0 = scaled_dot_product_attention(q, k, v)
     dropped = w == 0
-    assert dropped.any() and max_err(w[~dropped], 2 * w0[~dropped]) <= TOL
+    assert dropped.any()
+    torch.testing.assert_close(w[~dropped], 2 * w0[~dropped], atol=TOL, rtol=0)
 
 
 @pytest.mark.parametrize("sdpa", [True, False])
@@ -200,7 +197,7 @@ def test_bfloat16_with_a_float32_mask(sdpa):
     ref = mha(x, mask)
     out = mha.to(torch.bfloat16)(x.to(torch.bfloat16), mask)
     assert out.dtype == torch.bfloat16
-    assert max_err(out.float(), ref) < 0.05
+    torch.testing.assert_close(out.float(), ref, atol=0.05, rtol=0)
 
 
 def test_sdpa_errors():
@@ -242,7 +239,7 @@ def test_self_attention_head_shapes_and_math():
     assert out.shape == (2, 5, 3) and w.shape == (2, 5, 5)
     q, k, v = head.W_Q(x), head.W_K(x), head.W_V(x)
     scores = (q @ k.transpose(1, 2) / 2).masked_fill(~causal_mask(5), float("-inf"))
-    assert max_err(out, torch.softmax(scores, -1) @ v) <= TOL
+    torch.testing.assert_close(out, torch.softmax(scores, -1) @ v, atol=TOL, rtol=0)
     with pytest.raises(ValueError, match=r"expected x of shape \(B, T, d_model=6\)"):
         head(torch.randn(5, 6))
 
@@ -256,7 +253,7 @@ def test_one_head_plus_W_O_is_multi_head_with_one_head():
             getattr(mha, name).load_state_dict(getattr(head, name).state_dict())
         mha.W_O.load_state_dict(W_O.state_dict())
     x = torch.randn(3, 4, 8)
-    assert max_err(mha(x), W_O(head(x)[0])) <= TOL
+    torch.testing.assert_close(mha(x), W_O(head(x)[0]), atol=TOL, rtol=0)
 
 
 # --- multi-head attention --------------------------------------------------------------------------
@@ -311,9 +308,9 @@ def test_all_heads_at_once_equal_one_at_a_time_on_both_paths(B, T, width, kind):
     explicit = MultiHeadAttention(d_model, H, d_k=d_k, d_v=d_v, sdpa=False).eval()  # the path, chosen when built
     explicit.load_state_dict(mha.state_dict())
     assert out_explicit.shape == (B, T, d_model) and w_explicit.shape == (B, H, T, T)
-    assert max_err(out_loop, out_explicit) <= TOL
-    assert max_err(w_loop, w_explicit) <= TOL
-    assert max_err(out_sdpa, out_explicit) <= TOL
+    torch.testing.assert_close(out_loop, out_explicit, atol=TOL, rtol=0)
+    torch.testing.assert_close(w_loop, w_explicit, atol=TOL, rtol=0)
+    torch.testing.assert_close(out_sdpa, out_explicit, atol=TOL, rtol=0)
     assert torch.equal(explicit(x, mask, causal), out_explicit)  # sdpa=False: the explicit path
 
 
@@ -347,10 +344,11 @@ def test_matches_torch_multihead_attention(B, T, d_model, H, bias, kind, sdpa):
         mask, kwargs["key_padding_mask"] = keep[:, None, None, :], ~keep
     out, w = mha.forward_with_weights(x, mask, causal)
     ref_out, ref_w = ref(x, x, x, need_weights=True, average_attn_weights=True, **kwargs)
-    assert max_err(out, ref_out) <= TOL and max_err(mha(x, mask, causal), ref_out) <= TOL
-    assert max_err(w.mean(dim=1), ref_w) <= TOL
+    torch.testing.assert_close(out, ref_out, atol=TOL, rtol=0)
+    torch.testing.assert_close(mha(x, mask, causal), ref_out, atol=TOL, rtol=0)
+    torch.testing.assert_close(w.mean(dim=1), ref_w, atol=TOL, rtol=0)
     _, ref_w_heads = ref(x, x, x, need_weights=True, average_attn_weights=False, **kwargs)
-    assert max_err(w, ref_w_heads) <= TOL
+    torch.testing.assert_close(w, ref_w_heads, atol=TOL, rtol=0)
 
 
 @pytest.mark.parametrize("d_model,H", [(8, 2), (12, 3), (768, 12)])
@@ -373,7 +371,7 @@ def test_the_columns_of_one_head_are_its_slice():
     q_all = split_heads(mha.W_Q(x), 3)
     for i in range(3):
         q_i = F.linear(x, mha.W_Q.weight[4 * i:4 * (i + 1)], mha.W_Q.bias[4 * i:4 * (i + 1)])
-        assert max_err(q_i, q_all[:, i]) <= TOL
+        torch.testing.assert_close(q_i, q_all[:, i], atol=TOL, rtol=0)
 
 
 @pytest.mark.parametrize("sdpa", [True, False])
@@ -386,11 +384,11 @@ def test_kv_cache_matches_full_causal_pass(sdpa):
     prompt = mha(x[:, :4], causal=True, kv_cache=cache)  # 4 tokens at once
     steps = [mha(x[:, t:t + 1], causal=True, kv_cache=cache) for t in range(4, 7)]
     assert len(cache) == 7 and cache.k.shape == (2, 4, 7, 4)
-    assert max_err(torch.cat([prompt, *steps], dim=1), full) <= TOL
+    torch.testing.assert_close(torch.cat([prompt, *steps], dim=1), full, atol=TOL, rtol=0)
     # two new tokens at once against a cache of five: bottom-right causal alignment
     cache = KVCache()
     mha(x[:, :5], causal=True, kv_cache=cache)
-    assert max_err(mha(x[:, 5:], causal=True, kv_cache=cache), full[:, 5:]) <= TOL
+    torch.testing.assert_close(mha(x[:, 5:], causal=True, kv_cache=cache), full[:, 5:], atol=TOL, rtol=0)
     _, weights = mha.forward_with_weights(x[:, 5:], causal=True, kv_cache=KVCache())
     assert weights.shape == (2, 4, 2, 2)
 
@@ -417,8 +415,9 @@ def test_dropout_active_only_in_training():
     mha = MultiHeadAttention(8, 2, dropout=0.5)
     x = torch.randn(2, 6, 8)
     mha.train()
-    assert max_err(mha(x), mha.eval()(x)) > 1e-3
-    assert torch.equal(mha(x), mha(x)) and max_err(mha.forward_with_weights(x)[0], mha(x)) <= TOL
+    assert not torch.allclose(mha(x), mha.eval()(x), rtol=0, atol=1e-3)  # some output moved by more than 1e-3
+    assert torch.equal(mha(x), mha(x))
+    torch.testing.assert_close(mha.forward_with_weights(x)[0], mha(x), atol=TOL, rtol=0)
 
 
 def test_fully_masked_padding_row_on_both_paths():
@@ -429,8 +428,10 @@ def test_fully_masked_padding_row_on_both_paths():
     outs = [one_head_at_a_time(mha, x, mask, False)[0], mha.forward_with_weights(x, mask)[0], mha(x, mask)]
     for out in outs:
         assert torch.isfinite(out).all()
-        assert max_err(out[1], mha.W_O.bias.expand(3, 8)) <= TOL  # zero attention output, then + bias
-    assert max_err(outs[0], outs[1]) <= TOL and max_err(outs[2], outs[1]) <= TOL
+        # zero attention output, then + bias
+        torch.testing.assert_close(out[1], mha.W_O.bias.expand(3, 8), atol=TOL, rtol=0)
+    torch.testing.assert_close(outs[0], outs[1], atol=TOL, rtol=0)
+    torch.testing.assert_close(outs[2], outs[1], atol=TOL, rtol=0)
 
 
 def test_multi_head_attention_errors():
@@ -458,14 +459,6 @@ def test_multi_head_attention_errors():
 # --- exercises of lessons 02-03: the usual mistakes get a hint that names them ----------------------
 
 
-def first_hint(name: str, fn) -> str:
-    from course_tools.exercises import checks
-
-    lines = [o.line for o in checks.run(name, fn, seed=7).outcomes if "hint:" in o.line]
-    assert lines, f"{name}: no failing case carries a hint"
-    return lines[0].split("hint: ")[1]
-
-
 def _masked_after_softmax(q, k, v):
     w = torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1)
     return (w * causal_mask(q.shape[-2])) @ v
@@ -484,7 +477,7 @@ def _masked_after_softmax(q, k, v):
     ("attention_parameter_count", lambda d, h, dk, dv, b: 4 * d * d + 4 * d * b, "4d² + 4d"),
     ("kv_causal_mask", lambda T, S: torch.ones(T, S, dtype=torch.bool).tril(), "top-left"),
 ])
-def test_exercise_hints_name_the_mistake(name, fn, words):
+def test_exercise_hints_name_the_mistake(name, fn, words, first_hint):
     assert words in first_hint(name, fn)
 
 
@@ -504,13 +497,14 @@ def test_attend_sdpa_equals_the_explicit_softmax(T, S, kind):
         mask = torch.randn(1, 3, T, S, generator=g)
     causal = kind.endswith("causal")
     explicit = scaled_dot_product_attention(q, k, v, mask, causal)[0]
-    assert max_err(attend(q, k, v, mask, causal, sdpa=False), explicit) == 0.0
-    assert max_err(attend(q, k, v, mask, causal), explicit) <= TOL
-    assert max_err(attend(q, k, v, mask, causal), F.scaled_dot_product_attention(
+    assert torch.equal(attend(q, k, v, mask, causal, sdpa=False), explicit)
+    torch.testing.assert_close(attend(q, k, v, mask, causal), explicit, atol=TOL, rtol=0)
+    torch.testing.assert_close(attend(q, k, v, mask, causal), F.scaled_dot_product_attention(
         q, k, v, attn_mask=None if mask is None and not causal else
         (causal_mask(T, S) if mask is None else (mask & causal_mask(T, S) if mask.dtype == torch.bool and causal
                                                  else mask if not causal else
-                                                 mask.masked_fill(~causal_mask(T, S), float("-inf")))))) <= TOL
+                                                 mask.masked_fill(~causal_mask(T, S), float("-inf"))))),
+        atol=TOL, rtol=0)
 
 
 def test_repeat_kv_gives_each_query_head_its_group():
@@ -550,7 +544,7 @@ def test_grouped_query_attention_equals_multi_head_with_shared_key_heads(sdpa):
             getattr(mha, name).weight.copy_(small.weight.view(2, 1, 4, 16).expand(2, 2, 4, 16).reshape(16, 16))
             getattr(mha, name).bias.copy_(small.bias.view(2, 1, 4).expand(2, 2, 4).reshape(16))
     x = torch.randn(2, 6, 16)
-    assert max_err(gqa(x, causal=True), mha(x, causal=True)) <= TOL
+    torch.testing.assert_close(gqa(x, causal=True), mha(x, causal=True), atol=TOL, rtol=0)
     cache = KVCache()
     gqa(x, causal=True, kv_cache=cache)
     assert cache.k.shape == (2, 2, 6, 4)  # the cache holds only the key/value heads
@@ -564,10 +558,11 @@ def test_alibi_adds_its_bias_to_the_scores(sdpa):
     plain.load_state_dict(mha.state_dict())
     x = torch.randn(1, 5, 8)
     bias = alibi_bias(2, 5, 5)[None]
-    assert max_err(mha(x, causal=True), plain(x, bias.masked_fill(~causal_mask(5), float("-inf")))) <= TOL
+    torch.testing.assert_close(mha(x, causal=True), plain(x, bias.masked_fill(~causal_mask(5), float("-inf"))),
+                               atol=TOL, rtol=0)
     keep = torch.ones(1, 1, 1, 5, dtype=torch.bool)
     keep[..., 0] = False
-    assert max_err(mha(x, keep), plain(x, bias.masked_fill(~keep, float("-inf")))) <= TOL
+    torch.testing.assert_close(mha(x, keep), plain(x, bias.masked_fill(~keep, float("-inf"))), atol=TOL, rtol=0)
 
 
 @pytest.mark.parametrize("sdpa", [True, False])
@@ -579,10 +574,10 @@ def test_rope_with_a_cache_continues_counting_positions(sdpa):
     cache = KVCache()
     parts = [mha(x[:, :3], causal=True, kv_cache=cache)] + [mha(x[:, t:t + 1], causal=True, kv_cache=cache)
                                                             for t in range(3, 7)]
-    assert max_err(torch.cat(parts, dim=1), full) <= TOL
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=TOL, rtol=0)
     shifted = torch.cat([torch.randn(2, 2, 16), x[:, :3]], dim=1)  # the same three tokens, two positions later
     _, w_start = mha.forward_with_weights(x[:, :3], causal=True)
     _, w_later = mha.forward_with_weights(shifted, causal=True)
     # relative positions only: the last token's weights over the three tokens have the same ratios
     ratio = lambda w: w / w.sum(-1, keepdim=True)
-    assert max_err(ratio(w_start[:, :, 2, :3]), ratio(w_later[:, :, 4, 2:5])) <= 1e-4
+    torch.testing.assert_close(ratio(w_start[:, :, 2, :3]), ratio(w_later[:, :, 4, 2:5]), atol=1e-4, rtol=0)

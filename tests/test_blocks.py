@@ -245,22 +245,7 @@ def test_block_causal_and_padding_masks():
 
 # ---------------------------------------------------------------- lesson 04 exercises: references pass, hints fire
 
-def _run(name, fn):
-    from course_tools.exercises.checks import run
-    return run(name, fn, seed=123)
-
-
-def _hints(result):
-    return " ".join(o.line for o in result.outcomes)
-
-
-def test_lesson04_references_pass():
-    from course_tools.exercises.checks import get
-    for name in ["layer_norm", "rms_norm", "relu_ffn", "pre_ln_sublayer", "block_parameters"]:
-        assert _run(name, get(name).reference).status == "pass", name
-
-
-def test_layer_norm_hints():
+def test_layer_norm_hints(run_exercise):
     def eps_outside(x, g, b, eps):
         return g * (x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True, unbiased=False) + eps) + b
 
@@ -272,14 +257,14 @@ def test_layer_norm_hints():
         mu, var = x.mean(-1, keepdim=True), x.var(-1, keepdim=True)
         return g * (x - mu) / torch.sqrt(var + eps) + b
 
-    assert "ε is outside the square root" in _hints(_run("layer_norm", eps_outside))
-    assert "time axis T" in _hints(_run("layer_norm", wrong_axis))
-    assert "unbiased" in _hints(_run("layer_norm", unbiased))
-    result = _run("layer_norm", lambda x, g, b, eps: torch.nn.functional.layer_norm(x, x.shape[-1:], g, b, eps))
+    assert "ε is outside the square root" in run_exercise("layer_norm", eps_outside).report()
+    assert "time axis T" in run_exercise("layer_norm", wrong_axis).report()
+    assert "unbiased" in run_exercise("layer_norm", unbiased).report()
+    result = run_exercise("layer_norm", lambda x, g, b, eps: torch.nn.functional.layer_norm(x, x.shape[-1:], g, b, eps))
     assert result.status == "pass"
 
 
-def test_rms_norm_hints():
+def test_rms_norm_hints(run_exercise):
     def eps_outside(x, g, eps):
         return g * x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps)
 
@@ -287,13 +272,14 @@ def test_rms_norm_hints():
         x = x - x.mean(-1, keepdim=True)
         return g * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
-    assert "ε is outside the square root" in _hints(_run("rms_norm", eps_outside))
-    assert "does not subtract the mean" in _hints(_run("rms_norm", subtracts_mean))
-    assert "square root" in _hints(_run("rms_norm", lambda x, g, eps: g * x / (x.pow(2).mean(-1, keepdim=True) + eps)))
+    assert "ε is outside the square root" in run_exercise("rms_norm", eps_outside).report()
+    assert "does not subtract the mean" in run_exercise("rms_norm", subtracts_mean).report()
+    assert "square root" in run_exercise("rms_norm",
+                                         lambda x, g, eps: g * x / (x.pow(2).mean(-1, keepdim=True) + eps)).report()
 
 
-def test_ffn_and_sublayer_hints():
-    assert "ReLU is missing" in _hints(_run("relu_ffn", lambda x, wi, bi, wo, bo: (x @ wi + bi) @ wo + bo))
+def test_ffn_and_sublayer_hints(run_exercise):
+    assert "ReLU is missing" in run_exercise("relu_ffn", lambda x, wi, bi, wo, bo: (x @ wi + bi) @ wo + bo).report()
 
     def ln(x, g, b):
         return torch.nn.functional.layer_norm(x, x.shape[-1:], g, b, 1e-5)
@@ -308,16 +294,16 @@ def test_ffn_and_sublayer_hints():
         h = ln(x, g, b)
         return h + torch.relu(h @ wi) @ wo
 
-    assert "post-LN" in _hints(_run("pre_ln_sublayer", post))
-    assert "residual connection is missing" in _hints(_run("pre_ln_sublayer", no_residual))
-    assert "never normalised" in _hints(_run("pre_ln_sublayer", normalised_stream))
+    assert "post-LN" in run_exercise("pre_ln_sublayer", post).report()
+    assert "residual connection is missing" in run_exercise("pre_ln_sublayer", no_residual).report()
+    assert "never normalised" in run_exercise("pre_ln_sublayer", normalised_stream).report()
 
 
-def test_block_parameters_hints():
+def test_block_parameters_hints(run_exercise):
     no_norms = lambda d, f: 4 * d * d + 4 * d + 2 * d * f + f + d
-    assert "LayerNorms are missing" in _hints(_run("block_parameters", no_norms))
-    assert "biases are missing" in _hints(_run("block_parameters", lambda d, f: 4 * d * d + 2 * d * f + 4 * d))
-    assert "d_ff = 4d" in _hints(_run("block_parameters", lambda d, f: 12 * d * d + 13 * d))
+    assert "LayerNorms are missing" in run_exercise("block_parameters", no_norms).report()
+    assert "biases are missing" in run_exercise("block_parameters", lambda d, f: 4 * d * d + 2 * d * f + 4 * d).report()
+    assert "d_ff = 4d" in run_exercise("block_parameters", lambda d, f: 12 * d * d + 13 * d).report()
 
 
 def test_block_dropout_only_in_training():

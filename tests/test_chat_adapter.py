@@ -9,13 +9,7 @@ from course_tools import cli
 from course_utils import chat, gpt, lora, pretrained, sft
 
 
-def tiny(d_model: int = 32) -> gpt.GPT:
-    torch.manual_seed(0)
-    return gpt.GPT(gpt.GPTConfig(vocab_size=40, max_len=32, n_layers=2, n_heads=4, d_model=d_model)).eval()
-
-
-def saved_adapter(tmp_path, d_model: int = 32):
-    model = tiny(d_model)
+def saved_adapter(model: gpt.GPT, tmp_path):
     lora.add_lora(model, ("W_Q", "W_V"), 2, 4.0)
     with torch.no_grad():
         for layer in lora.lora_layers(model).values():
@@ -23,10 +17,10 @@ def saved_adapter(tmp_path, d_model: int = 32):
     return lora.save_adapter(model, tmp_path / "adapter.pt"), model
 
 
-def test_adapter_is_loaded_and_merged(tmp_path, monkeypatch, capsys):
-    path, adapted = saved_adapter(tmp_path)
+def test_adapter_is_loaded_and_merged(tmp_path, monkeypatch, capsys, tiny_gpt):
+    path, adapted = saved_adapter(tiny_gpt(), tmp_path)
     seen = {}
-    monkeypatch.setattr(pretrained, "load", lambda name: (tiny(), object()))
+    monkeypatch.setattr(pretrained, "load", lambda name: (tiny_gpt(), object()))
 
     def fake_reply(model, tokenizer, messages, **_):
         seen["model"] = model
@@ -48,9 +42,9 @@ def test_missing_adapter_is_one_line_before_loading(tmp_path, monkeypatch, capsy
     assert "no adapter file" in err and "\n" not in err
 
 
-def test_adapter_for_another_model_is_one_line(tmp_path, monkeypatch, capsys):
-    path, _ = saved_adapter(tmp_path, d_model=64)
-    monkeypatch.setattr(pretrained, "load", lambda name: (tiny(32), object()))
+def test_adapter_for_another_model_is_one_line(tmp_path, monkeypatch, capsys, tiny_gpt):
+    path, _ = saved_adapter(tiny_gpt(d_model=64), tmp_path)
+    monkeypatch.setattr(pretrained, "load", lambda name: (tiny_gpt(d_model=32), object()))
     assert cli.main(["chat", "--prompt", "hi", "--adapter", str(path)]) != 0
     err = capsys.readouterr().err.strip()
     assert "saved for another model (d_model=64 there, 32 here)" in err and "\n" not in err

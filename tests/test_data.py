@@ -10,11 +10,6 @@ import pytest
 from course_utils import data
 
 
-@pytest.fixture(scope="module")
-def corpus():
-    return data.shakespeare()
-
-
 def test_corpus_is_the_pinned_text(corpus):
     assert hashlib.sha256(corpus.encode("utf-8")).hexdigest() == data.CORPUS_SHA256
     assert len(corpus) == 5_053_984

@@ -305,16 +305,6 @@ def test_sentence_embeddings_match_sentence_transformers(minilm):
 
 # --- lesson 06 exercises: references and hand-written answers pass, hints fire ----------------
 
-def _run(name, fn):
-    from course_tools.exercises.checks import run
-
-    return run(name, fn, seed=123)
-
-
-def _hints(result) -> str:
-    return " ".join(o.line for o in result.outcomes)
-
-
 def hand_block(x, attention_mask, w, n_heads, post_ln=True, masked=True, approximate="none"):
     """A post-LN block written out from raw tensors, as a learner would (and its usual mistakes)."""
     from course_utils.attention import merge_heads, scaled_dot_product_attention, split_heads
@@ -340,29 +330,24 @@ def hand_block(x, attention_mask, w, n_heads, post_ln=True, masked=True, approxi
     return ln(x + ffn(x), "norm2")
 
 
-def test_lesson06_references_and_hand_answers_pass():
-    from course_tools.exercises.checks import get
-
-    for name in ["extended_attention_mask", "post_ln_encoder_block", "masked_mean_pool", "bert_layer_names",
-                 "contextual_similarity"]:
-        assert _run(name, get(name).reference).status == "pass", name
-    assert _run("post_ln_encoder_block", hand_block).status == "pass"
-    assert _run("extended_attention_mask", lambda m: (m == 1)[:, None, None, :]).status == "pass"
-    assert _run("contextual_similarity", lambda a, b: F.cosine_similarity(a[:, None], b[None], dim=-1)).status \
+def test_lesson06_hand_answers_pass(run_exercise):
+    assert run_exercise("post_ln_encoder_block", hand_block).status == "pass"
+    assert run_exercise("extended_attention_mask", lambda m: (m == 1)[:, None, None, :]).status == "pass"
+    assert run_exercise("contextual_similarity", lambda a, b: F.cosine_similarity(a[:, None], b[None], dim=-1)).status \
         == "pass"
 
 
-def test_lesson06_hints():
-    assert "pre-LN" in _hints(_run("post_ln_encoder_block", lambda *a: hand_block(*a, post_ln=False)))
-    assert "padding leaks" in _hints(_run("post_ln_encoder_block", lambda *a: hand_block(*a, masked=False)))
-    assert "tanh approximation" in _hints(_run("post_ln_encoder_block",
-                                               lambda *a: hand_block(*a, approximate="tanh")))
-    assert "inverted" in _hints(_run("extended_attention_mask", lambda m: (m == 0)[:, None, None, :]))
-    assert "mask the keys" in _hints(_run("extended_attention_mask", lambda m: m.bool()[:, None, :, None]))
-    assert "bool tensor" in _hints(_run("extended_attention_mask", lambda m: m[:, None, None, :]))
-    assert "averaged the padding" in _hints(_run("masked_mean_pool", lambda h, m: h.mean(dim=1)))
-    assert "not by T" in _hints(_run("masked_mean_pool", lambda h, m: (h * m[..., None]).sum(1) / h.shape[1]))
+def test_lesson06_hints(run_exercise):
+    assert "pre-LN" in run_exercise("post_ln_encoder_block", lambda *a: hand_block(*a, post_ln=False)).report()
+    assert "padding leaks" in run_exercise("post_ln_encoder_block", lambda *a: hand_block(*a, masked=False)).report()
+    assert "tanh approximation" in run_exercise("post_ln_encoder_block",
+                                                lambda *a: hand_block(*a, approximate="tanh")).report()
+    assert "inverted" in run_exercise("extended_attention_mask", lambda m: (m == 0)[:, None, None, :]).report()
+    assert "mask the keys" in run_exercise("extended_attention_mask", lambda m: m.bool()[:, None, :, None]).report()
+    assert "bool tensor" in run_exercise("extended_attention_mask", lambda m: m[:, None, None, :]).report()
+    assert "averaged the padding" in run_exercise("masked_mean_pool", lambda h, m: h.mean(dim=1)).report()
+    assert "not by T" in run_exercise("masked_mean_pool", lambda h, m: (h * m[..., None]).sum(1) / h.shape[1]).report()
     swapped = lambda names: [bert_key_to_encoder(n).replace("norm1", "#").replace("norm2", "norm1")
                              .replace("#", "norm2") for n in names]
-    assert "first Add & Norm" in _hints(_run("bert_layer_names", swapped))
-    assert "dot products" in _hints(_run("contextual_similarity", lambda a, b: a @ b.T))
+    assert "first Add & Norm" in run_exercise("bert_layer_names", swapped).report()
+    assert "dot products" in run_exercise("contextual_similarity", lambda a, b: a @ b.T).report()

@@ -10,7 +10,6 @@ from course_utils.generate import (
     top_k_filter,
     top_p_filter,
 )
-from course_utils.gpt import GPT, GPTConfig
 
 LOGITS = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]])
 
@@ -103,13 +102,7 @@ def test_sampling_from_logits_instead_of_probabilities_is_refused():
         sample_from_probs(LOGITS)
 
 
-def tiny_gpt(seed: int = 0, **overrides) -> GPT:
-    torch.manual_seed(seed)
-    config = GPTConfig(vocab_size=23, max_len=40, n_layers=2, n_heads=2, d_model=16, **overrides)
-    return GPT(config).eval()
-
-
-def test_model_cache_grows_per_layer():
+def test_model_cache_grows_per_layer(tiny_gpt):
     model = tiny_gpt()
     cache = ModelKVCache(model.config.n_layers)
     idx = torch.randint(0, 23, (2, 5))
@@ -117,10 +110,10 @@ def test_model_cache_grows_per_layer():
     assert len(cache) == 5 and all(len(layer) == 5 for layer in cache.layers)
     model(idx[:, :1], kv_cache=cache)
     assert len(cache) == 6
-    assert cache[0].k.shape == (2, 2, 6, 8)
+    assert cache[0].k.shape == (2, 4, 6, 8)  # (B, H, T, d_k)
 
 
-def test_cached_logits_equal_full_forward():
+def test_cached_logits_equal_full_forward(tiny_gpt):
     model = tiny_gpt()
     idx = torch.randint(0, 23, (3, 12), generator=torch.Generator().manual_seed(0))
     full, _ = model(idx)
@@ -131,7 +124,7 @@ def test_cached_logits_equal_full_forward():
     torch.testing.assert_close(stepped, full, atol=1e-5, rtol=1e-5)
 
 
-def test_greedy_with_and_without_cache_is_identical():
+def test_greedy_with_and_without_cache_is_identical(tiny_gpt):
     model = tiny_gpt(1)
     prompt = torch.tensor([[1, 2, 3], [4, 5, 6]])
     with_cache = generate(model, prompt, 30, temperature=0.0, use_cache=True)
@@ -143,7 +136,7 @@ def test_greedy_with_and_without_cache_is_identical():
 
 @pytest.mark.parametrize("rules", [{"temperature": 1.0}, {"temperature": 0.8, "top_k": 5},
                                    {"temperature": 1.2, "top_p": 0.9}])
-def test_seeded_sampling_with_and_without_cache_is_identical(rules):
+def test_seeded_sampling_with_and_without_cache_is_identical(rules, tiny_gpt):
     model = tiny_gpt(2)
     prompt = torch.tensor([[7, 8]])
     a = generate(model, prompt, 20, seed=11, use_cache=True, **rules)
@@ -153,7 +146,7 @@ def test_seeded_sampling_with_and_without_cache_is_identical(rules):
     assert not torch.equal(a, c)  # another seed, another text
 
 
-def test_generation_past_the_context_slides_the_window():
+def test_generation_past_the_context_slides_the_window(tiny_gpt):
     model = tiny_gpt(3)
     prompt = torch.tensor([[1]])
     a = generate(model, prompt, 50, temperature=0.0, use_cache=True)
@@ -161,7 +154,7 @@ def test_generation_past_the_context_slides_the_window():
     assert a.shape == (1, 51) and torch.equal(a, b)
 
 
-def test_stop_token_ends_generation():
+def test_stop_token_ends_generation(tiny_gpt):
     model = tiny_gpt(4)
     prompt = torch.tensor([[3, 4]])
     free = generate(model, prompt, 25, temperature=0.0)
@@ -171,7 +164,7 @@ def test_stop_token_ends_generation():
     assert torch.equal(stopped[0], free[0, :first + 1])
 
 
-def test_generate_restores_training_mode_and_checks_input():
+def test_generate_restores_training_mode_and_checks_input(tiny_gpt):
     model = tiny_gpt().train()
     generate(model, torch.tensor([[1]]), 2)
     assert model.training
@@ -183,28 +176,25 @@ def test_generate_restores_training_mode_and_checks_input():
 
 # ------------------------------------------------------------------------ lesson 07 exercises
 
-def test_sampling_exercises_catch_the_classic_mistakes():
-    from course_tools.exercises.checks import FAIL, PASS, run
+def test_sampling_exercises_catch_the_classic_mistakes(run_exercise):
+    from course_tools.exercises.checks import FAIL
     from course_tools.exercises.references import lesson07 as ex
-
-    for name in ("sample_with_temperature", "top_k_probs", "top_p_probs", "kv_attention_step"):
-        assert run(name, getattr(ex, name), seed=0).status == PASS
 
     def from_logits(logits, temperature, u):  # inverse CDF over logits, not probabilities
         return ex._inverse_cdf(logits / temperature, u) if temperature else logits.argmax(-1)
 
-    result = run("sample_with_temperature", from_logits, seed=0)
+    result = run_exercise("sample_with_temperature", from_logits)
     assert result.status == FAIL and "softmax" in result.report()
     def drops_crossing_token(logits, p):
         kept = torch.softmax(logits, -1) * ex._kept_without_crossing_token(logits, p)
         return kept / kept.sum(-1, keepdim=True)
 
-    result = run("top_p_probs", drops_crossing_token, seed=0)
+    result = run_exercise("top_p_probs", drops_crossing_token)
     assert result.status == FAIL and "carries the sum past p" in result.report()
 
     def cache_only(q, k_new, v_new, k_cache, v_cache):  # forgot to append the new key and value
         weights = torch.softmax(q @ k_cache.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1)
         return weights @ v_cache, torch.cat([k_cache, k_new], -2), torch.cat([v_cache, v_new], -2)
 
-    result = run("kv_attention_step", cache_only, seed=0)
+    result = run_exercise("kv_attention_step", cache_only)
     assert result.status == FAIL and "attend to itself" in result.report()

@@ -25,6 +25,7 @@ def dry_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     return done, out
 
 
+@pytest.mark.slow
 def test_dry_run_passes_every_step_and_writes_the_report(dry_run):
     done, out = dry_run
     assert done.returncode == 0, done.stdout + done.stderr
@@ -37,6 +38,7 @@ def test_dry_run_passes_every_step_and_writes_the_report(dry_run):
     assert all(p.is_file() for p in out.iterdir()) and len(files) <= 8, files
 
 
+@pytest.mark.slow
 def test_dry_run_says_why_each_gpu_test_is_skipped(dry_run):
     _, out = dry_run
     steps = {s["name"]: s for s in json.loads((out / "report.json").read_text())["steps"]}
@@ -53,6 +55,7 @@ def test_dry_run_says_why_each_gpu_test_is_skipped(dry_run):
     assert char["step_at_target"] is None  # a 30-step smoke model does not reach 1.47
 
 
+@pytest.mark.slow
 def test_dry_run_writes_the_executed_lesson_and_skips_the_others_saying_why(dry_run):
     done, out = dry_run
     first, *others = gpu_check.LESSONS

@@ -136,81 +136,85 @@ def graded(tmp_path_factory):
     return {"rows": rows, "out": out, "folder": folder}
 
 
-def scores(row):
-    return {e["name"]: e["points"] for e in row["exercises"] if e["name"] in FUNCTIONS}
-
-
-def statuses(row):
-    return {e["name"]: e["status"] for e in row["exercises"] if e["name"] in FUNCTIONS}
-
-
+@pytest.mark.slow
 def test_solutions_get_full_marks(graded):
     row = graded["rows"]["full"]
     assert (row["total"], row["max"], row["pending"], row["lesson"]) == (FULL, MAX, MAX - FULL, LESSON)
     assert {e["status"] for e in row["exercises"]} == {"pass", PENDING}
 
 
+@pytest.mark.slow
 def test_fresh_exercises_get_zero_not_attempted(graded):
     row = graded["rows"]["fresh"]
     assert (row["total"], row["max"], row["status"]) == (0, MAX, "not attempted")
     assert {e["status"] for e in row["exercises"]} == {"not attempted", PENDING}
 
 
-def test_half_done_gets_partial_marks(graded):
+@pytest.mark.slow
+def test_half_done_gets_partial_marks(graded, scores, statuses):
     row = graded["rows"]["half"]
     assert scores(row) == {"flatten_tokens": 1, "mean_over_time": 0, "pairwise_dots": 2}
     assert statuses(row)["mean_over_time"] == "not attempted"
 
 
-def test_infinite_loop_costs_only_that_exercise(graded):
+@pytest.mark.slow
+def test_infinite_loop_costs_only_that_exercise(graded, scores, statuses):
     row = graded["rows"]["loop"]
     assert statuses(row)["flatten_tokens"] == "timeout"
     assert scores(row) == {"flatten_tokens": 0, "mean_over_time": 1, "pairwise_dots": 0}
 
 
-def test_crashing_kernel_is_reported_and_keeps_the_gradebook_going(graded):
+@pytest.mark.slow
+def test_crashing_kernel_is_reported_and_keeps_the_gradebook_going(graded, statuses):
     row = graded["rows"]["crash"]
     assert row["total"] == 0 and row["status"] == "notebook crashed"
     assert all(s.startswith("error") for s in statuses(row).values())
 
 
-def test_exceptions_are_one_line_statuses(graded):
+@pytest.mark.slow
+def test_exceptions_are_one_line_statuses(graded, statuses):
     st = statuses(graded["rows"]["errors"])
     assert st["mean_over_time"] == "error: ZeroDivisionError: division by zero"
     assert st["pairwise_dots"].startswith("error: SyntaxError")
     assert st["flatten_tokens"] == "pass"
 
 
-def test_huge_print_is_capped_and_still_graded(graded):
+@pytest.mark.slow
+def test_huge_print_is_capped_and_still_graded(graded, scores):
     row = graded["rows"]["printer"]
     assert scores(row)["flatten_tokens"] == 1
 
 
-def test_memory_hungry_answer_loses_only_its_points(graded):
+@pytest.mark.slow
+def test_memory_hungry_answer_loses_only_its_points(graded, scores, statuses):
     row = graded["rows"]["hungry"]
     assert statuses(row)["mean_over_time"].startswith("error: RuntimeError")
     assert scores(row)["flatten_tokens"] == 1 and scores(row)["mean_over_time"] == 0
 
 
-def test_tampered_check_cells_change_nothing(graded):
+@pytest.mark.slow
+def test_tampered_check_cells_change_nothing(graded, statuses):
     row = graded["rows"]["tamper"]
     assert (row["total"], row["max"]) == (0, MAX)
     assert statuses(row)["flatten_tokens"] == "fail"
 
 
-def test_monkeypatching_inside_the_answer_cannot_raise_the_score(graded):
+@pytest.mark.slow
+def test_monkeypatching_inside_the_answer_cannot_raise_the_score(graded, scores, statuses):
     row = graded["rows"]["monkey"]
     assert scores(row)["flatten_tokens"] == 0 and statuses(row)["flatten_tokens"] == "fail"
 
 
-def test_files_written_by_answers_stay_in_a_temporary_folder(graded):
+@pytest.mark.slow
+def test_files_written_by_answers_stay_in_a_temporary_folder(graded, scores):
     row = graded["rows"]["writer"]
     assert scores(row)["flatten_tokens"] == 1
     assert not (ROOT / "pwned.txt").exists() and not (graded["folder"] / "pwned.txt").exists()
     assert nbformat.read(ROOT / "exercises" / f"{LESSON}.ipynb", as_version=4).cells
 
 
-def test_duplicate_and_missing_answer_cells(graded):
+@pytest.mark.slow
+def test_duplicate_and_missing_answer_cells(graded, scores, statuses):
     dup = graded["rows"]["duplicate"]
     assert statuses(dup)["flatten_tokens"] == "2 answer cells with grade_id 'flatten_tokens'"
     assert scores(dup) == {"flatten_tokens": 0, "mean_over_time": 1, "pairwise_dots": 2}
@@ -219,11 +223,13 @@ def test_duplicate_and_missing_answer_cells(graded):
     assert missing["total"] == 2 and "missing answer cell" in missing["status"]
 
 
+@pytest.mark.slow
 def test_lesson_is_found_from_answer_cells_without_metadata(graded):
     row = graded["rows"]["renamed"]
     assert row["lesson"] == LESSON and row["total"] == 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, status", [
     ("corrupt", "not JSON"), ("empty", "empty file"), ("notnotebook", "not a Jupyter notebook"),
     ("unknown", "unknown lesson '99_nothing'"),
@@ -233,6 +239,7 @@ def test_bad_files_get_a_row_with_a_clear_status(graded, name, status):
     assert status in row["status"] and row["total"] == 0
 
 
+@pytest.mark.slow
 def test_gradebook_has_one_row_per_submission(graded):
     book = pd.read_csv(graded["out"] / "gradebook.csv")
     assert len(book) == len(SUBMISSIONS) + len(BAD_FILES)
@@ -243,6 +250,7 @@ def test_gradebook_has_one_row_per_submission(graded):
     assert {full[name] for name in MANUAL} == {"pending"}
 
 
+@pytest.mark.slow
 def test_feedback_names_the_failing_case(graded):
     text = (graded["out"] / "feedback" / "tamper.feedback.md").read_text()
     assert r"## flatten\_tokens: 0 / 1 (fail)" in text and "max error" in text and "(B=2, T=3, D=4)" in text

@@ -18,12 +18,13 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from test_grade import FULL, FUNCTIONS, RIGHT, SOLUTION, submission
+from test_grade import FULL, RIGHT, SOLUTION, submission
 
 from course_tools.cli import main
 from course_tools.grading import sandbox as sandboxing
 from course_tools.grading.sandbox import Caps, Sandbox, SandboxError
 
+pytestmark = pytest.mark.slow  # the attacks are graded in sandboxes, a class at a time
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -299,44 +300,29 @@ def attacked(tmp_path_factory):
     return {"rows": rows, "out": out, "before": before, "printed": printed}
 
 
-def statuses(row):
-    return {e["name"]: e["status"] for e in row["exercises"] if e["name"] in FUNCTIONS}
-
-
-def scores(row):
-    return {e["name"]: e["points"] for e in row["exercises"] if e["name"] in FUNCTIONS}
-
-
-def leaked(row, name):
-    """What a reporter answer saw, from its status line."""
-    status = statuses(row)[name]
-    assert "RuntimeError: seen " in status, status
-    return status.split("RuntimeError: seen ", 1)[1]
-
-
 @needs_sandbox
-def test_no_other_process_is_visible_and_tmp_is_private(attacked):
+def test_no_other_process_is_visible_and_tmp_is_private(attacked, leaked):
     seen = eval(leaked(attacked["rows"]["peek"], "flatten_tokens"))  # noqa: S307  (our own test's report)
     assert seen["grader"] is False and seen["pids"] < 30
     assert not any(name.startswith("course-grade-job") for name in seen["tmp"])
 
 
 @needs_sandbox
-def test_other_submissions_are_invisible_and_network_and_tmp_are_capped(attacked):
+def test_other_submissions_are_invisible_and_network_and_tmp_are_capped(attacked, leaked):
     seen = eval(leaked(attacked["rows"]["peek"], "mean_over_time"))  # noqa: S307
     assert seen == {"found": [], "net": seen["net"], "tmp": "OSError"}
     assert seen["net"] != "connected"
 
 
 @needs_sandbox
-def test_grader_environment_is_not_passed_in(attacked):
+def test_grader_environment_is_not_passed_in(attacked, leaked):
     seen = eval(leaked(attacked["rows"]["peek"], "pairwise_dots"))  # noqa: S307
     assert seen["secret"] == [] and seen["home"] == sandboxing.HOME
     assert seen["count"] <= len(sandboxing.environment("/h", "/t", 1, "/c", "/d")) + 10  # the allow-list, ipykernel's
 
 
 @needs_sandbox
-def test_course_environment_and_exercises_are_read_only(attacked):
+def test_course_environment_and_exercises_are_read_only(attacked, leaked):
     seen = eval(leaked(attacked["rows"]["aaa_vandal"], "mean_over_time"))  # noqa: S307
     assert seen["startup"] == "written"  # its own private $HOME
     assert {seen[k] for k in ("course_utils", "worker", "pth")} == {"OSError"}  # read-only file system
@@ -350,7 +336,7 @@ def test_course_environment_and_exercises_are_read_only(attacked):
 
 
 @needs_sandbox
-def test_no_process_outlives_its_submission(attacked):
+def test_no_process_outlives_its_submission(attacked, scores):
     assert scores(attacked["rows"]["daemon"])["flatten_tokens"] == 1
     survivors = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
@@ -363,7 +349,7 @@ def test_no_process_outlives_its_submission(attacked):
 
 
 @needs_sandbox
-def test_reference_solutions_are_not_importable_and_attempts_are_flagged(attacked):
+def test_reference_solutions_are_not_importable_and_attempts_are_flagged(attacked, statuses, leaked):
     row = attacked["rows"]["references"]
     assert statuses(row)["flatten_tokens"].startswith("error: ModuleNotFoundError") and row["total"] == 3
     assert row["flags"] == ["tried to use the exercise references"]  # the grader read it in the answer cell
@@ -373,7 +359,7 @@ def test_reference_solutions_are_not_importable_and_attempts_are_flagged(attacke
 
 
 @needs_sandbox
-def test_forged_results_are_refused_without_cost(attacked):
+def test_forged_results_are_refused_without_cost(attacked, scores, statuses):
     st = statuses(attacked["rows"]["forger"])
     assert st == {"flatten_tokens": "error: not a safetensors file (refused)",
                   "mean_over_time": "error: malformed results",
@@ -389,7 +375,7 @@ def test_huge_display_message_does_not_sink_the_worker(attacked):
 
 
 @needs_sandbox
-def test_process_and_memory_caps_hold_for_the_submission_as_a_whole(attacked):
+def test_process_and_memory_caps_hold_for_the_submission_as_a_whole(attacked, statuses, leaked):
     spawned = eval(leaked(attacked["rows"]["forks"], "flatten_tokens"))["spawned"]  # noqa: S307
     assert 0 < spawned < 64
     hog = attacked["rows"]["hog"]
@@ -419,7 +405,7 @@ def test_metadata_of_the_wrong_type_costs_only_that_cell(attacked, name, total):
 
 
 @needs_sandbox
-def test_gradebook_and_feedback_are_safe_to_open(attacked):
+def test_gradebook_and_feedback_are_safe_to_open(attacked, statuses):
     out = attacked["out"]
     text = (out / "gradebook.csv").read_text() + (out / "results.json").read_text()
     text += "".join(p.read_text() for p in (out / "feedback").iterdir())
@@ -440,7 +426,7 @@ def test_printed_table_has_no_escape_codes(attacked):
 
 
 @needs_sandbox
-def test_signal_ignoring_and_stopping_answers_cannot_stretch_the_clock(attacked):
+def test_signal_ignoring_and_stopping_answers_cannot_stretch_the_clock(attacked, statuses):
     from course_tools.grading.grade import WALL_GRACE
 
     for name in ("deaf", "freezer"):

@@ -64,6 +64,7 @@ def graded(tmp_path_factory):
 ESCAPED = "".join(f"\\x{b:02x}" for b in CP949)
 
 
+@pytest.mark.slow
 @needs_sandbox
 def test_a_name_that_is_not_utf8_is_graded_under_its_escaped_bytes(graded):
     row = graded["rows"][ESCAPED]
@@ -73,6 +74,7 @@ def test_a_name_that_is_not_utf8_is_graded_under_its_escaped_bytes(graded):
     assert "read as CP949" in feedback.read_text()
 
 
+@pytest.mark.slow
 @needs_sandbox
 def test_nfc_and_nfd_spellings_read_the_same_and_are_flagged_in_both_rows(graded):
     rows = [r for r in graded["all"] if r["student"] == KOREAN]
@@ -82,6 +84,7 @@ def test_nfc_and_nfd_spellings_read_the_same_and_are_flagged_in_both_rows(graded
     assert len(list((graded["out"] / "feedback").glob(f"{KOREAN}*.feedback.md"))) == 2
 
 
+@pytest.mark.slow
 @needs_sandbox
 def test_a_look_alike_and_a_case_variant_are_flagged_in_both_rows(graded):
     rows = graded["rows"]
@@ -93,6 +96,7 @@ def test_a_look_alike_and_a_case_variant_are_flagged_in_both_rows(graded):
     assert rows["BOB"]["alike"] == [f"same name as 'bob' ({rows['bob']['file']}) but for case"]
 
 
+@pytest.mark.slow
 @needs_sandbox
 def test_a_hard_link_is_flagged_in_both_rows_and_not_as_a_copy(graded):
     rows = graded["rows"]
@@ -100,6 +104,7 @@ def test_a_hard_link_is_flagged_in_both_rows_and_not_as_a_copy(graded):
     assert rows["dave"]["alike"] == [f"the same file as {rows['carol']['file']} (a hard link)"]
 
 
+@pytest.mark.slow
 @needs_sandbox
 def test_identical_copies_and_a_copy_of_the_solutions_are_flagged(graded):
     rows = graded["rows"]
@@ -109,12 +114,14 @@ def test_identical_copies_and_a_copy_of_the_solutions_are_flagged(graded):
     assert rows["grace"]["total"] == FULL
 
 
+@pytest.mark.slow
 @needs_sandbox
 def test_blank_notebooks_and_a_unique_name_are_not_flagged(graded):
     for name in ("blank1", "blank2", "heidi"):
         assert graded["rows"][name]["alike"] == [] and graded["rows"][name]["flags"] == []
 
 
+@pytest.mark.slow
 @needs_sandbox
 def test_findings_are_in_the_gradebook_not_in_feedback(graded):
     text = (graded["out"] / "gradebook.csv").read_text()

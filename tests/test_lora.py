@@ -9,17 +9,7 @@ from torch import nn
 
 from course_utils import gpt, lora
 
-peft = pytest.importorskip("peft")
-
 TARGETS = ("attn.W_Q", "attn.W_V", "ffn.W_in")
-
-
-def small_gpt(seed: int = 0, **overrides) -> gpt.GPT:
-    """A GPT-2-style model (its attention calls W_Q, W_K, W_V as layers, so peft's layers, whose
-    ``weight`` is the frozen base weight, take part as ours do)."""
-    torch.manual_seed(seed)
-    config = dict(vocab_size=50, max_len=16, n_layers=2, n_heads=4, d_model=32) | overrides
-    return gpt.GPT(gpt.GPTConfig(**config)).eval()
 
 
 def with_random_B(model: nn.Module, seed: int = 1) -> None:
@@ -31,7 +21,10 @@ def with_random_B(model: nn.Module, seed: int = 1) -> None:
 
 
 def peft_twin(ours: nn.Module, plain: nn.Module, rank: int, alpha: float) -> nn.Module:
-    """peft's LoRA injected into a copy of the un-adapted model, holding our A and B."""
+    """peft's LoRA injected into a copy of the un-adapted model, holding our A and B (the model is GPT-2-style:
+    its attention calls W_Q, W_K, W_V as layers, so peft's layers, whose ``weight`` is the frozen base weight,
+    take part as ours do). Skips the calling test where peft (the lesson13 extra) is not installed."""
+    peft = pytest.importorskip("peft")
     config = peft.LoraConfig(r=rank, lora_alpha=alpha, target_modules=[t.split(".")[-1] for t in TARGETS],
                              lora_dropout=0.0)
     theirs = peft.inject_adapter_in_model(config, copy.deepcopy(plain))
@@ -44,13 +37,13 @@ def peft_twin(ours: nn.Module, plain: nn.Module, rank: int, alpha: float) -> nn.
 
 
 @pytest.mark.parametrize("rank, alpha", [(1, 1.0), (4, 8.0), (8, 4.0)])
-def test_equals_peft_outputs_and_gradients(rank, alpha):
-    plain = small_gpt()
+def test_equals_peft_outputs_and_gradients(rank, alpha, tiny_gpt):
+    plain = tiny_gpt()
     ours = copy.deepcopy(plain)
     names = lora.add_lora(ours, TARGETS, rank, alpha)
     with_random_B(ours)
     theirs = peft_twin(ours, plain, rank, alpha)
-    idx = torch.randint(50, (3, 16), generator=torch.Generator().manual_seed(2))
+    idx = torch.randint(40, (3, 16), generator=torch.Generator().manual_seed(2))
     logits_ours, loss_ours = ours(idx[:, :-1], idx[:, 1:])
     logits_theirs, loss_theirs = theirs(idx[:, :-1], idx[:, 1:])
     assert (logits_ours - logits_theirs).abs().max().item() < 1e-5
@@ -67,16 +60,16 @@ def test_equals_peft_outputs_and_gradients(rank, alpha):
 
 @pytest.mark.parametrize("config", [{}, dict(norm="rmsnorm", position="rope", activation="swiglu", bias=False,
                                               n_kv_heads=2)])
-def test_both_attention_paths_see_the_adapters(config):
+def test_both_attention_paths_see_the_adapters(config, tiny_gpt):
     """PyTorch's scaled-dot-product kernel and the explicit softmax give the same logits and the same
     adapter gradients on an adapted model: both call W_Q, W_K, W_V as layers, so both see W + ΔW."""
-    kernel = small_gpt(**config)
+    kernel = tiny_gpt(**config)
     lora.add_lora(kernel, ("W_Q", "W_K", "W_V", "W_gate"), 2, 4.0)
     with_random_B(kernel)
     explicit = gpt.GPT(dataclasses.replace(kernel.config, sdpa=False)).eval()
     lora.add_lora(explicit, ("W_Q", "W_K", "W_V", "W_gate"), 2, 4.0)
     explicit.load_state_dict(kernel.state_dict())
-    idx = torch.randint(50, (2, 16))
+    idx = torch.randint(40, (2, 16))
     out_kernel, out_explicit = kernel(idx[:, :-1], idx[:, 1:]), explicit(idx[:, :-1], idx[:, 1:])
     torch.testing.assert_close(out_kernel[0], out_explicit[0], atol=1e-5, rtol=1e-5)
     out_kernel[1].backward()
@@ -99,18 +92,18 @@ def test_one_layer_is_the_formula():
     assert [n for n, p in layer.named_parameters() if p.requires_grad] == ["A", "B"]
 
 
-def test_zero_at_init_leaves_the_model_unchanged():
-    plain = small_gpt()
+def test_zero_at_init_leaves_the_model_unchanged(tiny_gpt):
+    plain = tiny_gpt()
     ours = copy.deepcopy(plain)
     lora.add_lora(ours, TARGETS, 4, 8.0)
-    idx = torch.randint(50, (2, 16))
+    idx = torch.randint(40, (2, 16))
     assert torch.equal(ours(idx)[0], plain(idx)[0])
     assert all(torch.count_nonzero(m.B) == 0 and torch.count_nonzero(m.A) > 0
                for m in lora.lora_layers(ours).values())
 
 
-def test_only_adapters_train_and_count_is_r_times_in_plus_out():
-    model = small_gpt()
+def test_only_adapters_train_and_count_is_r_times_in_plus_out(tiny_gpt):
+    model = tiny_gpt()
     names = lora.add_lora(model, TARGETS, 4, 8.0)
     assert len(names) == 2 * len(TARGETS)
     shapes = [tuple(model.get_submodule(n).base.weight.shape) for n in names]
@@ -120,12 +113,12 @@ def test_only_adapters_train_and_count_is_r_times_in_plus_out():
     assert trained == {f"{n}.{p}" for n in names for p in ("A", "B")}
 
 
-def test_merge_then_unmerge_round_trip():
-    model = small_gpt()
+def test_merge_then_unmerge_round_trip(tiny_gpt):
+    model = tiny_gpt()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     lora.add_lora(model, TARGETS, 4, 8.0)
     with_random_B(model)
-    idx = torch.randint(50, (2, 16))
+    idx = torch.randint(40, (2, 16))
     adapted = model(idx)[0]
     layer = model.get_submodule("blocks.0.attn.W_Q")
     merged = layer.merge()
@@ -139,12 +132,12 @@ def test_merge_then_unmerge_round_trip():
     torch.testing.assert_close(layer.base.weight, before["blocks.0.attn.W_Q.weight"], atol=1e-6, rtol=0)
 
 
-def test_merge_lora_gives_back_the_plain_architecture():
-    plain = small_gpt()
+def test_merge_lora_gives_back_the_plain_architecture(tiny_gpt):
+    plain = tiny_gpt()
     model = copy.deepcopy(plain)
     lora.add_lora(model, TARGETS, 2, 2.0)
     with_random_B(model)
-    idx = torch.randint(50, (2, 16))
+    idx = torch.randint(40, (2, 16))
     adapted = model(idx)[0]
     lora.merge_lora(model)
     assert not lora.lora_layers(model)
@@ -153,23 +146,23 @@ def test_merge_lora_gives_back_the_plain_architecture():
     assert not torch.equal(model(idx)[0], plain(idx)[0])
 
 
-def test_save_and_load_adapter(tmp_path):
-    trained = small_gpt()
+def test_save_and_load_adapter(tmp_path, tiny_gpt):
+    trained = tiny_gpt()
     lora.add_lora(trained, TARGETS, 4, 8.0)
     with_random_B(trained)
     path = lora.save_adapter(trained, tmp_path / "adapter.pt")
-    fresh = small_gpt()
+    fresh = tiny_gpt()
     names = lora.load_adapter(fresh, path)
     assert names == list(lora.lora_layers(trained))
-    idx = torch.randint(50, (2, 16))
+    idx = torch.randint(40, (2, 16))
     assert torch.equal(fresh(idx)[0], trained(idx)[0])
     state = torch.load(path, weights_only=True)
     assert sum(t.numel() for t in state["tensors"].values()) == lora.trainable_parameters(trained)
 
 
-def test_saving_an_adapter_is_atomic(tmp_path, monkeypatch):
+def test_saving_an_adapter_is_atomic(tmp_path, monkeypatch, tiny_gpt):
     """A save that dies midway (disk full, killed) leaves the adapter saved before intact."""
-    trained = small_gpt()
+    trained = tiny_gpt()
     lora.add_lora(trained, TARGETS, 4, 8.0)
     path = lora.save_adapter(trained, tmp_path / "adapter.pt")
     before = path.read_bytes()
@@ -185,37 +178,37 @@ def test_saving_an_adapter_is_atomic(tmp_path, monkeypatch):
     assert path.read_bytes() == before
 
 
-def test_an_adapter_fits_the_same_weights_computed_another_way(tmp_path):
+def test_an_adapter_fits_the_same_weights_computed_another_way(tmp_path, tiny_gpt):
     """The attention path and the dropout are not part of a model's identity: an adapter trained with
     PyTorch's kernel and dropout loads into the same weights run with the explicit softmax and none,
     and so does a file whose fingerprint still lists them (written before they were left out)."""
-    trained = small_gpt(dropout=0.1)
+    trained = tiny_gpt(dropout=0.1)
     lora.add_lora(trained, TARGETS, 4, 8.0)
     with_random_B(trained)
     path = lora.save_adapter(trained, tmp_path / "adapter.pt")
-    explicit = small_gpt(sdpa=False)
+    explicit = tiny_gpt(sdpa=False)
     assert lora.load_adapter(explicit, path) == list(lora.lora_layers(trained))
-    idx = torch.randint(50, (2, 16))
+    idx = torch.randint(40, (2, 16))
     torch.testing.assert_close(explicit.eval()(idx)[0], trained.eval()(idx)[0], atol=1e-5, rtol=1e-5)
     old = torch.load(path, weights_only=True)
     old["model"]["config"].update(sdpa=True, dropout=0.1)
     torch.save(old, tmp_path / "old.pt")
-    assert lora.load_adapter(small_gpt(), tmp_path / "old.pt") == list(lora.lora_layers(trained))
+    assert lora.load_adapter(tiny_gpt(), tmp_path / "old.pt") == list(lora.lora_layers(trained))
 
 
-def test_adapter_for_another_model_is_a_one_line_error(tmp_path):
-    trained = small_gpt()
+def test_adapter_for_another_model_is_a_one_line_error(tmp_path, tiny_gpt):
+    trained = tiny_gpt()
     lora.add_lora(trained, TARGETS, 4, 8.0)
     path = lora.save_adapter(trained, tmp_path / "adapter.pt")
-    other = small_gpt(d_model=64)
+    other = tiny_gpt(d_model=64)
     with pytest.raises(lora.AdapterError, match=r"saved for another model \(d_model=32 there, 64 here\)") as info:
         lora.load_adapter(other, path)
     assert "\n" not in str(info.value)
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(lora.AdapterError, match="not an adapter file"):
-        lora.load_adapter(small_gpt(), tmp_path / "junk.pt")
+        lora.load_adapter(tiny_gpt(), tmp_path / "junk.pt")
     with pytest.raises(FileNotFoundError, match="no adapter file"):
-        lora.load_adapter(small_gpt(), tmp_path / "missing.pt")
+        lora.load_adapter(tiny_gpt(), tmp_path / "missing.pt")
 
 
 @pytest.mark.parametrize("rank", [0, 33, 2.0])
@@ -224,16 +217,16 @@ def test_bad_rank_is_a_one_line_error(rank):
         lora.LoRALinear(nn.Linear(32, 32), rank, 1.0)
 
 
-def test_unknown_target_names_the_layers():
+def test_unknown_target_names_the_layers(tiny_gpt):
     with pytest.raises(ValueError, match="its linear layers end with: W_K, W_O, W_Q, W_V, W_in, W_out"):
-        lora.add_lora(small_gpt(), "c_attn", 4, 8.0)
+        lora.add_lora(tiny_gpt(), "c_attn", 4, 8.0)
 
 
-def test_adamw_state_shrinks_with_the_trained_parameters():
-    full = small_gpt()
-    adapted = small_gpt()
+def test_adamw_state_shrinks_with_the_trained_parameters(tiny_gpt):
+    full = tiny_gpt()
+    adapted = tiny_gpt()
     lora.add_lora(adapted, TARGETS, 4, 8.0)
-    idx = torch.randint(50, (2, 16))
+    idx = torch.randint(40, (2, 16))
     sizes = {}
     for name, model in (("full", full), ("lora", adapted)):
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])

@@ -197,6 +197,7 @@ def test_a_stored_reveal_is_given_again_only_when_it_is_a_reveal():
         assert predict.stored_reveal(stored, "another why") is None
 
 
+@pytest.mark.slow
 def test_a_wrong_answer_in_a_korean_exercise_notebook_gets_korean_feedback_in_a_kernel(tmp_path):
     """The Korean exercise notebook's own setup cell, a wrong answer, and its check cell, in a kernel."""
     nb = banner.without(nbformat.read(ROOT / "exercises" / "ko" / "00_setup.ipynb", as_version=4))
@@ -209,6 +210,7 @@ def test_a_wrong_answer_in_a_korean_exercise_notebook_gets_korean_feedback_in_a_
     assert text.startswith("flatten_tokens: 경우 3개 중 1개 통과(일부 경우 실패)") and f"— 힌트: {ORDER_HINT}" in text
 
 
+@pytest.mark.slow
 def test_course_grade_writes_korean_feedback_for_a_korean_submission(tmp_path):
     nb = nbformat.read(ROOT / "exercises" / "ko" / "00_setup.ipynb", as_version=4)
     for cell in nb.cells:

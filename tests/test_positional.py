@@ -178,22 +178,7 @@ def test_alibi_bias_bottom_right_alignment():
 
 # ---------------------------------------------------------------- lesson 05 exercises: references pass, hints fire
 
-def _run(name, fn):
-    from course_tools.exercises.checks import run
-    return run(name, fn, seed=7)
-
-
-def _hints(result):
-    return " ".join(o.line for o in result.outcomes)
-
-
-def test_lesson05_references_pass():
-    from course_tools.exercises.checks import get
-    for name in ["sinusoidal_pe", "pe_rotation", "rope", "alibi"]:
-        assert _run(name, get(name).reference).status == "pass", name
-
-
-def test_sinusoidal_pe_hints():
+def test_sinusoidal_pe_hints(run_exercise):
     def swapped(n, d):
         return sinusoidal_encoding(n, d).view(n, d // 2, 2).flip(-1).reshape(n, d)
 
@@ -205,16 +190,16 @@ def test_sinusoidal_pe_hints():
         angle = torch.arange(n)[:, None] * 10000.0 ** (-torch.arange(d // 2) / d)
         return torch.stack([angle.sin(), angle.cos()], -1).reshape(n, d)
 
-    assert "sin and cos are swapped" in _hints(_run("sinusoidal_pe", swapped))
-    assert "concatenate halves" in _hints(_run("sinusoidal_pe", halves))
-    assert "2i/d" in _hints(_run("sinusoidal_pe", i_over_d))
+    assert "sin and cos are swapped" in run_exercise("sinusoidal_pe", swapped).report()
+    assert "concatenate halves" in run_exercise("sinusoidal_pe", halves).report()
+    assert "2i/d" in run_exercise("sinusoidal_pe", i_over_d).report()
 
 
-def test_pe_rotation_hint():
-    assert "transposed" in _hints(_run("pe_rotation", lambda k, d: sinusoidal_rotation(k, d).T))
+def test_pe_rotation_hint(run_exercise):
+    assert "transposed" in run_exercise("pe_rotation", lambda k, d: sinusoidal_rotation(k, d).T).report()
 
 
-def test_rope_hints():
+def test_rope_hints(run_exercise):
     def half_split(x, pos):  # LLaMA-style pairing, a different convention from ours
         d = x.shape[-1]
         angle = pos[:, None].float() * 10000.0 ** (-torch.arange(0, d, 2).float() / d)
@@ -229,20 +214,20 @@ def test_rope_hints():
         return torch.stack([even * angle.sin() - odd * angle.cos(), even * angle.cos() + odd * angle.sin()],
                            -1).flatten(-2)
 
-    assert "wrong pairs" in _hints(_run("rope", half_split))
-    assert "wrong way" in _hints(_run("rope", lambda x, pos: apply_rope(x, -pos)))
-    assert "cos and sin are swapped" in _hints(_run("rope", swapped))
+    assert "wrong pairs" in run_exercise("rope", half_split).report()
+    assert "wrong way" in run_exercise("rope", lambda x, pos: apply_rope(x, -pos)).report()
+    assert "cos and sin are swapped" in run_exercise("rope", swapped).report()
 
 
-def test_alibi_hints():
-    assert "sign is flipped" in _hints(_run("alibi", lambda h, t: -alibi_bias(h, t)))
-    assert "reverse order" in _hints(_run("alibi", lambda h, t: alibi_bias(h, t).flip(0)))
+def test_alibi_hints(run_exercise):
+    assert "sign is flipped" in run_exercise("alibi", lambda h, t: -alibi_bias(h, t)).report()
+    assert "reverse order" in run_exercise("alibi", lambda h, t: alibi_bias(h, t).flip(0)).report()
 
     def signed(h, t):
         offset = (torch.arange(t)[None, :] - torch.arange(t)[:, None]).float()
         return alibi_slopes(h)[:, None, None] * offset
 
-    assert "|i − j|" in _hints(_run("alibi", signed))
+    assert "|i − j|" in run_exercise("alibi", signed).report()
 
 
 def test_rope_fractional_positions_interpolate():

@@ -7,16 +7,11 @@ import pytest
 import torch
 
 from course_tools import shipped_model as build
-from course_utils import data, pretrained
+from course_utils import pretrained
 from course_utils.generate import generate
 from course_utils.tokenizer import words
 
 NAME = "shakespeare_char_small"
-
-
-@pytest.fixture(scope="module")
-def corpus():
-    return data.shakespeare()
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,6 @@ import torch
 
 from course_utils import quantize
 
-gguf = pytest.importorskip("gguf")
-from gguf import GGMLQuantizationType, quants  # noqa: E402
-
 
 @pytest.fixture
 def weights():
@@ -22,18 +19,20 @@ def weights():
 
 @pytest.mark.parametrize("fmt", quantize.FORMATS)
 def test_dequantize_equals_gguf_element_for_element(weights, fmt):
-    qtype = getattr(GGMLQuantizationType, fmt)
-    raw = quants.quantize(weights.numpy(), qtype)  # blocks written by the gguf package
+    gguf = pytest.importorskip("gguf")  # the reference: the gguf package (the lesson12 extra)
+    qtype = getattr(gguf.GGMLQuantizationType, fmt)
+    raw = gguf.quants.quantize(weights.numpy(), qtype)  # blocks written by the gguf package
     ours = quantize.dequantize(torch.from_numpy(raw), fmt)
     assert ours.dtype == torch.float32 and ours.shape == weights.shape
-    assert np.array_equal(ours.numpy(), quants.dequantize(raw, qtype))
+    assert np.array_equal(ours.numpy(), gguf.quants.dequantize(raw, qtype))
 
 
 @pytest.mark.parametrize("fmt", quantize.FORMATS)
 def test_our_blocks_read_back_by_gguf(weights, fmt):
+    gguf = pytest.importorskip("gguf")  # the reference: the gguf package (the lesson12 extra)
     raw = quantize.quantize(weights, fmt)
     assert raw.dtype == torch.uint8 and raw.shape == (24, 128 // 32 * quantize.BLOCK_BYTES[fmt])
-    reference = quants.dequantize(raw.numpy(), getattr(GGMLQuantizationType, fmt))
+    reference = gguf.quants.dequantize(raw.numpy(), getattr(gguf.GGMLQuantizationType, fmt))
     assert np.array_equal(quantize.dequantize(raw, fmt).numpy(), reference)
 
 

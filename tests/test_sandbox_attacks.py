@@ -28,13 +28,14 @@ import pytest
 import safetensors.torch
 import torch
 from test_grade import RIGHT, submission
-from test_grade_attacks import MARK, OK, PROBLEM, _grade, answers, leaked, needs_sandbox, reporter, scores, statuses
+from test_grade_attacks import MARK, OK, PROBLEM, _grade, answers, needs_sandbox, reporter
 
 from course_tools.grading import export, results, seccomp, shortcuts
 from course_tools.grading import sandbox as sandboxing
 from course_tools.grading.job import JobSpec, Limits
 from course_tools.grading.sandbox import Caps, Cgroup, Sandbox, SandboxError
 
+pytestmark = pytest.mark.slow  # the attacks are graded in sandboxes
 ROOT = Path(__file__).resolve().parent.parent
 SYSCALLS = {"x86_64": (248, 249, 250), "aarch64": (217, 218, 219)}  # add_key, request_key, keyctl
 KEY_SPEC_SESSION_KEYRING = -3
@@ -267,7 +268,7 @@ def attacked(tmp_path_factory):
 
 
 @needs_sandbox
-def test_keyring_calls_are_refused_and_the_grader_session_is_out_of_reach(attacked):
+def test_keyring_calls_are_refused_and_the_grader_session_is_out_of_reach(attacked, leaked):
     assert attacked["key"] > 0  # the grader really had a secret to steal
     seen = eval(leaked(attacked["rows"]["keyring"], "flatten_tokens"))  # noqa: S307  (our own test's report)
     assert seen["request"] == -1 and seen["read"] == -1 and seen["payload"] == ""
@@ -276,13 +277,13 @@ def test_keyring_calls_are_refused_and_the_grader_session_is_out_of_reach(attack
 
 
 @needs_sandbox
-def test_orphaned_bytecode_and_the_live_checkout_are_not_in_the_sandbox(attacked):
+def test_orphaned_bytecode_and_the_live_checkout_are_not_in_the_sandbox(attacked, leaked):
     seen = eval(leaked(attacked["rows"]["orphans"], "mean_over_time"))  # noqa: S307
     assert seen == {"found": [], "cached": 0}
 
 
 @needs_sandbox
-def test_references_are_absent_and_naming_them_is_flagged_by_the_grader(attacked):
+def test_references_are_absent_and_naming_them_is_flagged_by_the_grader(attacked, scores):
     row = attacked["rows"]["plain_references"]
     assert scores(row)["flatten_tokens"] == 1  # its fallback ran: the references were not there
     assert row["flags"] == ["tried to use the exercise references"]  # deleting /job/out changed nothing
@@ -301,13 +302,13 @@ def test_library_shortcuts_score_zero_and_are_flagged_however_they_are_reached(a
 
 
 @needs_sandbox
-def test_dev_shm_is_sized(attacked):
+def test_dev_shm_is_sized(attacked, leaked):
     seen = eval(leaked(attacked["rows"]["shm"], "pairwise_dots"))  # noqa: S307
     assert seen["written"] <= Caps.shm_mb
 
 
 @needs_sandbox
-def test_one_sandbox_gets_at_most_its_cpu_share(attacked):
+def test_one_sandbox_gets_at_most_its_cpu_share(attacked, leaked):
     if "CPU per submission" not in attacked["rows"]["spinners"]["sandbox"]:
         pytest.skip("no cgroup cpu controller here: the rlimits fallback has no CPU share")
     seen = eval(leaked(attacked["rows"]["spinners"], "flatten_tokens"))  # noqa: S307
@@ -317,13 +318,13 @@ def test_one_sandbox_gets_at_most_its_cpu_share(attacked):
 
 
 @needs_sandbox
-def test_no_cgroup_is_left_behind_after_many_sandboxes(attacked):
+def test_no_cgroup_is_left_behind_after_many_sandboxes(attacked, scores):
     assert scores(attacked["rows"]["lingerers"])["flatten_tokens"] == 1
     assert leftover_cgroups() == []
 
 
 @needs_sandbox
-def test_students_see_no_host_paths_or_sandbox_command_line(attacked):
+def test_students_see_no_host_paths_or_sandbox_command_line(attacked, statuses):
     status = statuses(attacked["rows"]["host_detail"])["mean_over_time"]
     seen = eval(status.split("RuntimeError: seen ", 1)[1])  # noqa: S307
     assert "--ro-bind" not in seen["cmd"] and "--setenv" not in seen["cmd"]
@@ -340,7 +341,7 @@ def _cpu_seconds() -> float:
 
 
 @needs_sandbox
-def test_results_that_unfold_are_refused_at_no_cost_to_the_grader(tmp_path):
+def test_results_that_unfold_are_refused_at_no_cost_to_the_grader(tmp_path, statuses):
     folder = tmp_path / "in"
     folder.mkdir()
     nbformat.write(answers(flatten_tokens=unfolding_forger()), folder / "unfolder.ipynb")
@@ -468,7 +469,7 @@ def test_nothing_that_reads_a_sandbox_can_unpickle():
 
 
 @needs_sandbox
-def test_without_bubblewrap_the_worker_loads_the_keyring_filter_itself(tmp_path):
+def test_without_bubblewrap_the_worker_loads_the_keyring_filter_itself(tmp_path, leaked):
     folder = tmp_path / "in"
     folder.mkdir()
     nbformat.write(answers(flatten_tokens=KEYRING), folder / "keyring.ipynb")
@@ -578,5 +579,5 @@ def test_job_spec_round_trips_and_refuses_bad_fields(tmp_path):
 
 
 @needs_sandbox
-def test_genuine_answers_keep_their_points_next_to_the_attacks(attacked):
+def test_genuine_answers_keep_their_points_next_to_the_attacks(attacked, scores):
     assert scores(attacked["rows"]["genuine00"]) == {"flatten_tokens": 1, "mean_over_time": 1, "pairwise_dots": 2}

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from test_grade_attacks import _grade, answers, leaked, needs_sandbox, scores, statuses
+from test_grade_attacks import _grade, answers, needs_sandbox
 
 from course_tools.grading import submission
 
+pytestmark = pytest.mark.slow  # sandboxes graded side by side, and the attacks on them
 ROOT = Path(__file__).resolve().parent.parent
 WAIT = 25  # seconds each side of the lock channel waits for the other before giving up
 
@@ -148,7 +149,7 @@ def isolated(tmp_path_factory):
 
 
 @needs_sandbox
-def test_two_sandboxes_graded_at_once_cannot_see_each_others_locks(isolated):
+def test_two_sandboxes_graded_at_once_cannot_see_each_others_locks(isolated, leaked):
     for side in ("lock_a", "lock_b"):
         seen = eval(leaked(isolated[side], "flatten_tokens"))  # noqa: S307  (our own test's report)
         assert seen["seen"] == [], (side, seen)
@@ -156,7 +157,7 @@ def test_two_sandboxes_graded_at_once_cannot_see_each_others_locks(isolated):
 
 
 @needs_sandbox
-def test_host_global_counters_do_not_reach_a_submission(isolated):
+def test_host_global_counters_do_not_reach_a_submission(isolated, leaked):
     seen = eval(leaked(isolated["counters"], "mean_over_time"))  # noqa: S307
     assert seen["boot"] != Path("/proc/sys/kernel/random/boot_id").read_text()[:13]
     assert seen["load"].split()[:3] == ["0.00", "0.00", "0.00"] and seen["up"] == "0.00"
@@ -183,7 +184,7 @@ def test_metadata_of_millions_of_empty_lists_is_refused_before_it_is_parsed():
 
 
 @needs_sandbox
-def test_the_amplified_notebook_gets_a_clear_status_and_genuine_work_keeps_its_points(isolated):
+def test_the_amplified_notebook_gets_a_clear_status_and_genuine_work_keeps_its_points(isolated, scores, statuses):
     row = isolated["amplifier"]
     assert "too many JSON values" in json.dumps(row), row
     assert scores(isolated["genuine"]) == {"flatten_tokens": 1, "mean_over_time": 1, "pairwise_dots": 2}

@@ -26,6 +26,7 @@ def site(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_every_lesson_and_exercise_has_a_page_and_a_download(site):
     for folder in ("notebooks", "exercises"):
         for nb in (ROOT / folder).glob("*.ipynb"):
@@ -38,6 +39,7 @@ def test_every_lesson_and_exercise_has_a_page_and_a_download(site):
     assert "Course map" in home and 'href="notebooks/03_multi_head_attention.html"' in home
 
 
+@pytest.mark.slow
 def test_command_reference_is_current_and_names_every_flag(site):
     assert commands.main(["--check"]) == 0, "run python docs/commands.py"
     text = commands.PAGE.read_text(encoding="utf-8")
@@ -51,6 +53,7 @@ def test_command_reference_is_current_and_names_every_flag(site):
     assert (site / "docs" / "pages" / "commands.html").exists()
 
 
+@pytest.mark.slow
 def test_no_page_loads_a_script_from_elsewhere(site):
     for page in site.rglob("*.html"):
         text = page.read_text(encoding="utf-8")
@@ -67,6 +70,7 @@ def test_broken_links_and_missing_pages_are_reported(tmp_path):
         site_build.check(tmp_path)
 
 
+@pytest.mark.slow
 def test_saved_widgets_are_disabled_on_the_site_but_not_in_the_download(site):
     nb = json.loads((ROOT / "notebooks" / "07_gpt_model.ipynb").read_text(encoding="utf-8"))
     frozen = json.loads(site_build.frozen_widgets(json.dumps(nb)))
@@ -79,6 +83,7 @@ def test_saved_widgets_are_disabled_on_the_site_but_not_in_the_download(site):
     assert site_build.frozen_widgets('{"cells": []}') == '{"cells": []}'
 
 
+@pytest.mark.slow
 def test_page_errors_fail_the_browser_check(tmp_path):
     from playwright.sync_api import sync_playwright
 
@@ -99,11 +104,13 @@ def test_page_errors_fail_the_browser_check(tmp_path):
     assert problems == ["logs.html: console error: widget failed", "throws.html: uncaught MathJax is not defined"]
 
 
+@pytest.mark.slow
 def test_readers_see_math_figures_widgets_and_search(site, tmp_path):
     assert browser_check.run(site, chromium("the browser check"), tmp_path / "screenshots") == []
     assert len(list((tmp_path / "screenshots").glob("*.png"))) == 3
 
 
+@pytest.mark.slow
 def test_pages_say_their_language_and_link_to_the_other_one(site):
     conf = load_docs("conf")
     assert conf.counterparts("notebooks/ko/02_self_attention") == ["notebooks/02_self_attention"]

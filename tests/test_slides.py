@@ -262,6 +262,7 @@ MEASURE = """() => {
 }"""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lang", ["en", "ko"])
 def test_deck_offline_in_a_browser_is_readable_at_720p(decks, lang):
     """Opened from its file with every other request blocked: nothing fails, text is at least 24 px on a

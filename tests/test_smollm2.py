@@ -18,11 +18,6 @@ from course_utils import chat, data, gguf, pretrained
 from course_utils.generate import generate
 from course_utils.positional import rope_halves_to_pairs
 
-transformers = pytest.importorskip("transformers")
-gguf_pkg = pytest.importorskip("gguf")
-pytest.importorskip("accelerate")
-pytest.importorskip("regex")
-
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
@@ -34,17 +29,27 @@ def path():
 
 @pytest.fixture(scope="module")
 def ours(path):
+    pytest.importorskip("gguf")  # course_utils.gguf reads the file with it
+    pytest.importorskip("regex")  # the tokenizer's pre-tokeniser (\p{L})
     return pretrained.load_gguf(path)
+
+
+def hugging_face():
+    """transformers, skipping the test where it (or gguf and accelerate, which it needs to read the GGUF file)
+    is missing: the lesson12 extra."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("accelerate")
+    return pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
 def hf_tokenizer(path):
-    return transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return hugging_face().AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 
 
 @pytest.fixture(scope="module")
 def hf_model(path):
-    return transformers.LlamaForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    return hugging_face().LlamaForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
 
 
 def test_architecture_from_the_metadata(ours):
@@ -58,6 +63,7 @@ def test_architecture_from_the_metadata(ours):
 
 
 def test_dequantisation_equals_gguf_element_for_element(path):
+    gguf_pkg = pytest.importorskip("gguf")
     file = gguf.read(path)
     reader = gguf_pkg.GGUFReader(path)
     types = {t.name: t for t in reader.tensors}

@@ -18,10 +18,6 @@ from course_utils.gpt import GPT, GPTConfig
 TOL = 2e-6
 
 
-def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a - b).abs().max().item()
-
-
 def _grads(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
 
@@ -45,9 +41,9 @@ def test_norm_module_equals_the_formula_in_value_and_gradient(norm_cls):
         (y * torch.linspace(-1, 1, 24)).sum().backward()
         outs.append(y.detach())
         grads.append([x.grad.clone(), *_grads(norm).values()])
-    assert max_err(*outs) <= TOL
+    torch.testing.assert_close(*outs, atol=TOL, rtol=0)
     for g_module, g_formula in zip(*grads, strict=True):
-        assert max_err(g_module, g_formula) <= 1e-5
+        torch.testing.assert_close(g_module, g_formula, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("components", [
@@ -66,10 +62,12 @@ def test_sdpa_and_the_explicit_softmax_train_the_same_model(components):
         loss.backward()
         results.append((logits.detach(), loss.item(), _grads(model)))
     (l_fast, loss_fast, g_fast), (l_slow, loss_slow, g_slow) = results
-    assert max_err(l_fast, l_slow) <= 1e-5 and abs(loss_fast - loss_slow) <= 1e-6
+    torch.testing.assert_close(l_fast, l_slow, atol=1e-5, rtol=0)
+    assert abs(loss_fast - loss_slow) <= 1e-6
     assert g_fast.keys() == g_slow.keys() and len(g_fast) == len(list(fast.parameters()))
     for name in g_fast:
-        assert max_err(g_fast[name], g_slow[name]) <= 1e-5, name
+        torch.testing.assert_close(g_fast[name], g_slow[name], atol=1e-5, rtol=0,
+                                   msg=lambda m, name=name: f"{name}: {m}")
 
 
 def test_the_path_is_chosen_in_the_config_and_reaches_every_block():

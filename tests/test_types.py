@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -16,6 +18,7 @@ def mypy(*args: str) -> subprocess.CompletedProcess:
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.slow
 def test_the_library_type_checks():
     done = mypy()
     assert done.returncode == 0, f"mypy found errors in course_utils:\n{done.stdout}{done.stderr}"
