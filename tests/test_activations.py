@@ -10,9 +10,7 @@ import torch.nn.functional as F
 from course_utils import pretrained
 from course_utils.activations import ActivationKeyError, ablate_heads, patch_activation, run_with_cache
 from course_utils.attention import merge_heads, weights_kept
-from course_utils.config import GPTConfig
 from course_utils.encoder_decoder import EncoderDecoder, Seq2SeqConfig
-from course_utils.gpt import GPT
 
 B, T, V = 2, 7, 50
 CONFIGS = {  # every switch of GPTConfig that changes what a block computes
@@ -28,9 +26,7 @@ CONFIGS = {  # every switch of GPTConfig that changes what a block computes
 }
 
 
-def gpt(name: str, seed: int = 0) -> GPT:
-    torch.manual_seed(seed)
-    return GPT(GPTConfig(vocab_size=V, max_len=16, n_layers=3, n_heads=4, d_model=32, **CONFIGS[name])).eval()
+SIZES = dict(vocab_size=V, max_len=16, n_layers=3)  # the conftest's tiny_gpt, with three layers and V tokens
 
 
 def ids(seed: int, shape=(B, T)) -> torch.Tensor:
@@ -39,8 +35,8 @@ def ids(seed: int, shape=(B, T)) -> torch.Tensor:
 
 @pytest.mark.parametrize("name", CONFIGS)
 @torch.no_grad()
-def test_gpt_cache_shapes_and_the_models_own_intermediate_values(name):
-    model, idx = gpt(name), ids(0)
+def test_gpt_cache_shapes_and_the_models_own_intermediate_values(name, tiny_gpt):
+    model, idx = tiny_gpt(**SIZES, **CONFIGS[name]), ids(0)
     c = model.config
     logits, cache = run_with_cache(model, idx)
     assert torch.equal(logits, model(idx)[0]) or (logits - model(idx)[0]).abs().max() <= 1e-6
@@ -73,8 +69,8 @@ def test_gpt_cache_shapes_and_the_models_own_intermediate_values(name):
     assert cache.names() == ["resid_pre", "resid_post", "attn", "head_out", "final_norm"]
 
 
-def test_recording_leaves_the_model_as_it_was():
-    model, idx = gpt("gpt2"), ids(0)
+def test_recording_leaves_the_model_as_it_was(tiny_gpt):
+    model, idx = tiny_gpt(**SIZES, **CONFIGS["gpt2"]), ids(0)
     before = model(idx)[0]
     with pytest.raises(RuntimeError):
         with weights_kept([model.blocks[0].attn]):
@@ -130,8 +126,8 @@ def logit_change_from(clean: torch.Tensor, patched: torch.Tensor) -> torch.Tenso
 @pytest.mark.parametrize("name", ["gpt2", "rope-gqa-rmsnorm-swiglu"])
 @pytest.mark.parametrize("key", [("resid_pre", 0), ("resid_post", 1), ("head_out", 1)])
 @torch.no_grad()
-def test_patching_is_exact_on_its_own_run_and_causal_on_another(name, key):
-    model, clean, corrupt = gpt(name), ids(3), ids(4)
+def test_patching_is_exact_on_its_own_run_and_causal_on_another(name, key, tiny_gpt):
+    model, clean, corrupt = tiny_gpt(**SIZES, **CONFIGS[name]), ids(3), ids(4)
     clean_logits, clean_cache = run_with_cache(model, clean)
     corrupt_logits = model(corrupt)[0]
     with patch_activation(model, key, clean_cache[key], positions=[1, 3]):
@@ -145,8 +141,8 @@ def test_patching_is_exact_on_its_own_run_and_causal_on_another(name, key):
 
 
 @torch.no_grad()
-def test_patching_the_last_stream_everywhere_gives_the_clean_logits_and_cache_sees_the_patch():
-    model, clean, corrupt = gpt("gpt2"), ids(3), ids(4)
+def test_patching_the_last_stream_everywhere_gives_the_clean_logits_and_cache_sees_the_patch(tiny_gpt):
+    model, clean, corrupt = tiny_gpt(**SIZES, **CONFIGS["gpt2"]), ids(3), ids(4)
     clean_logits, clean_cache = run_with_cache(model, clean)
     with patch_activation(model, ("resid_post", -1), clean_cache["resid_post", -1]):
         logits, cache = run_with_cache(model, corrupt)
@@ -155,8 +151,8 @@ def test_patching_the_last_stream_everywhere_gives_the_clean_logits_and_cache_se
 
 
 @torch.no_grad()
-def test_patching_one_head_changes_that_head_only():
-    model, clean, corrupt = gpt("gpt2"), ids(3), ids(4)
+def test_patching_one_head_changes_that_head_only(tiny_gpt):
+    model, clean, corrupt = tiny_gpt(**SIZES, **CONFIGS["gpt2"]), ids(3), ids(4)
     _, clean_cache = run_with_cache(model, clean)
     with patch_activation(model, ("head_out", 1), clean_cache["head_out", 1], positions=-1, heads=2):
         _, cache = run_with_cache(model, corrupt)
@@ -188,8 +184,8 @@ def test_patching_the_decoder_is_causal_and_the_encoder_reaches_every_target_pos
 
 @pytest.mark.parametrize("name", ["gpt2", "rope-gqa-rmsnorm-swiglu"])
 @torch.no_grad()
-def test_ablating_heads_equals_editing_w_o(name):
-    model, idx = gpt(name), ids(3)
+def test_ablating_heads_equals_editing_w_o(name, tiny_gpt):
+    model, idx = tiny_gpt(**SIZES, **CONFIGS[name]), ids(3)
     d = model.config.d_model // model.config.n_heads
     logits, cache = model(idx)[0], run_with_cache(model, idx)[1]
     with ablate_heads(model, []):
@@ -211,8 +207,8 @@ def test_ablating_heads_equals_editing_w_o(name):
 
 
 @torch.no_grad()
-def test_one_line_errors():
-    model, idx = gpt("gpt2"), ids(0)
+def test_one_line_errors(tiny_gpt):
+    model, idx = tiny_gpt(**SIZES, **CONFIGS["gpt2"]), ids(0)
     _, cache = run_with_cache(model, idx)
     cases = [
         (lambda: cache["resid", 0], ActivationKeyError, "no activation .* a name from resid_pre"),
