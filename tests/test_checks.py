@@ -160,7 +160,8 @@ def test_explanations_are_printed_only_on_a_pass():
 
 
 @pytest.mark.parametrize("got, expected", [
-    ("<|im_start|>user", "<|im_start|>system\nYou are a helpful AI assistant"), (1, 124_439_808), (0.5, 2.1640425613334453),
+    ("<|im_start|>user", "<|im_start|>system\nYou are a helpful AI assistant"), (1, 124_439_808),
+    (0.5, 2.1640425613334453),
     (torch.tensor(0.0), torch.tensor(0.27734)), ([256, 1], [263, 1]),
 ])
 def test_a_wrong_answer_is_not_told_the_expected_value(got, expected):

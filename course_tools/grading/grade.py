@@ -430,8 +430,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "your group (default for a folder of submissions: FOLDER.graded beside it)")
     p.add_argument("--json", metavar="FILE", help="results as JSON elsewhere (default DIR/results.json)")
     p.add_argument("--gradebook", metavar="CSV", help="gradebook elsewhere (default DIR/gradebook.csv for a folder)")
-    p.add_argument("--feedback", metavar="DIR", help="a Markdown report per submission, elsewhere "
-                   "(default DIR/feedback)")
+    p.add_argument("--feedback", metavar="DIR", help="a Markdown report and the same as an HTML page per "
+                   "submission, elsewhere (default DIR/feedback)")
     p.add_argument("--cell-timeout", type=int, help=f"seconds per answer cell and per exercise (default "
                    f"{Limits.cell_timeout}, or the lesson's own)")
     p.add_argument("--notebook-timeout", type=int,
