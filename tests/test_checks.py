@@ -106,9 +106,16 @@ def test_unknown_exercise_lists_the_known_ones():
     ([1, 2], torch.ones(2), False, "expected a tensor of shape (2,), got list"),
     (torch.tensor([True, False]), torch.tensor([True, True]), False, "1 of 2 entries differ"),
     (torch.tensor([float("nan")]), torch.tensor([1.0]), False, "NaN"),
-    ((torch.ones(1), 2), (torch.ones(1), 3), False, "item 1: expected 3, got 2"),
+    ((torch.ones(1), 2), (torch.ones(1), 3), False, "item 1: got 2: too small"),
+    (torch.tensor(2.5), torch.tensor(1.0), False, "shape () ok, but got 2.5: too large"),
+    (4.0, 3.0, False, "got 4: too large"),
+    (3.5, 3, False, "got 3.5, not a whole number"),
     (0.30000001, 0.3, True, "within"),
-    ("a", "b", False, "expected 'b'"),
+    ("a", "b", False, "your text goes wrong at character 0: '' is followed by 'a'"),
+    ("<|im_start|>user", "<|im_start|>system", False, "at character 12: '<|im_start|>' is followed by 'user'"),
+    ("<|im_start|>", "<|im_start|>system", False, "stops too early: after character 12, which ends '<|im_start|>'"),
+    ("x", 7, False, "expected a number, got str"),
+    (True, False, False, "expected False, got True"),
 ])
 def test_compare(got, expected, ok, text):
     verdict, detail = compare(got, expected, atol=1e-5, rtol=1e-4)
@@ -150,3 +157,14 @@ def test_explanations_are_printed_only_on_a_pass():
     assert checks.run("norm_axis", lambda: "c").report().endswith("why: " + ex.explain)
     assert "why:" not in checks.run("norm_axis", lambda: "a").report()
     assert not checks.get("flatten_tokens").is_question
+
+
+@pytest.mark.parametrize("got, expected", [
+    ("<|im_start|>user", "<|im_start|>system\nYou are a helpful AI assistant"), (1, 124_439_808),
+    (0.5, 2.1640425613334453),
+    (torch.tensor(0.0), torch.tensor(0.27734)), ([256, 1], [263, 1]),
+])
+def test_a_wrong_answer_is_not_told_the_expected_value(got, expected):
+    ok, detail = compare(got, expected, atol=1e-5, rtol=1e-4)
+    shown = {str(expected), repr(expected), "system", "124439808", "2.16", "0.277", "263"}
+    assert not ok and not any(text in detail for text in shown), detail

@@ -129,6 +129,9 @@ def _describe(x: Any) -> str:
     return type(x).__name__
 
 
+TEXT_CONTEXT = 20  # characters of the learner's own text shown around where it goes wrong
+
+
 def _fmt(x: float) -> str:
     return f"{x:.3g}"
 
@@ -154,6 +157,10 @@ def _compare_close(got: torch.Tensor, expected: torch.Tensor, atol: float, rtol:
     if bool((err <= atol + rtol * e.abs()).all()):
         return True, _("shape {expected_shape}, max error within {atol:g}", expected_shape=tuple(expected.shape),
                        atol=atol)
+    if e.numel() == 1:  # one number: its error and the learner's value would give the expected one away
+        return False, _("shape {expected_shape} ok, but got {got}: {direction}", expected_shape=tuple(expected.shape),
+                        got=_fmt(float(g.flatten()[0])), direction=_direction(float(g.flatten()[0]),
+                                                                              float(e.flatten()[0])))
     return False, _("shape {expected_shape} ok, but max error {max_err} (tolerance {atol:g})",
                     expected_shape=tuple(expected.shape), max_err=_fmt(max_err), atol=atol)
 
@@ -184,32 +191,61 @@ def _compare_sequence(got: Any, expected: tuple | list, atol: float, rtol: float
                                                                 len_details=len(details))
 
 
+def _direction(got: float, expected: float) -> str:
+    """How a wrong number is wrong, without the right one: too large or too small."""
+    return _("too large") if got > expected else _("too small")
+
+
 def _compare_number(got: Any, expected: int | float, atol: float, rtol: float) -> tuple[bool, str]:
+    """A number against the reference: the learner's own value and, when wrong, only whether it is too
+    large or too small (the expected value printed would let a lookup table pass a fixed case)."""
     if isinstance(got, torch.Tensor) and got.numel() == 1:
         got = got.item()
     if not isinstance(got, (int, float)) or isinstance(got, bool):
         return False, _("expected a number, got {describe_got}", describe_got=_describe(got))
     if isinstance(expected, int):  # a count: exact, also when it comes as a float (124439808.0)
-        exact = got == expected if isinstance(got, int) else got.is_integer() and int(got) == expected
-        return exact, _("expected {expected}, got {got}", expected=expected, got=got)
-    ok = math.isclose(got, expected, rel_tol=rtol, abs_tol=atol)
-    return ok, (_("value within {atol:g}", atol=atol) if ok else
-                _("expected {expected}, got {got}", expected=_fmt(expected),
-                                                      got=_fmt(got)))
+        if isinstance(got, float) and not got.is_integer():
+            return False, _("got {got}, not a whole number", got=_fmt(got))
+        if int(got) == expected:  # the learner's own value: a pass gives nothing away
+            return True, _("expected {expected}, got {got}", expected=expected, got=got)
+        return False, _("got {got}: {direction}", got=int(got), direction=_direction(got, expected))
+    if math.isclose(got, expected, rel_tol=rtol, abs_tol=atol):
+        return True, _("value within {atol:g}", atol=atol)
+    return False, _("got {got}: {direction}", got=_fmt(got), direction=_direction(got, expected))
+
+
+def _compare_text(got: Any, expected: str) -> tuple[bool, str]:
+    """A string against the reference: where the learner's text first differs and what it holds there,
+    never the expected text."""
+    if not isinstance(got, str):
+        return False, _("expected a string, got {describe_got}", describe_got=_describe(got))
+    if got == expected:
+        return True, _("the text is right")
+    shorter = min(len(got), len(expected))
+    at = next((i for i in range(shorter) if got[i] != expected[i]), shorter)
+    if at == len(got):
+        return False, _("your text stops too early: after character {at}, which ends {tail!r}", at=at,
+                        tail=got[max(0, at - TEXT_CONTEXT):])
+    return False, _("your text goes wrong at character {at}: {before!r} is followed by {after!r}", at=at,
+                    before=got[max(0, at - TEXT_CONTEXT):at], after=got[at:at + TEXT_CONTEXT])
 
 
 def compare(got: Any, expected: Any, atol: float, rtol: float) -> tuple[bool, str]:
-    """Compare an answer with the reference; return (ok, one-line detail)."""
+    """Compare an answer with the reference; return (ok, one-line detail). The detail says what is wrong
+    (a shape, how many entries, where a text goes wrong, whether a number is too large) and never the
+    expected value itself, but for a bool or None."""
     if isinstance(expected, torch.Tensor):
         return _compare_tensor(got, expected, atol, rtol)
     if isinstance(expected, (tuple, list)):
         return _compare_sequence(got, expected, atol, rtol)
-    if isinstance(expected, bool) or isinstance(expected, str) or expected is None:
+    if isinstance(expected, str):
+        return _compare_text(got, expected)
+    if isinstance(expected, bool) or expected is None:  # two values (or one): naming it gives nothing away
         return (got == expected), _("expected {expected!r}, got {got!r}", expected=expected, got=got)
     if isinstance(expected, (int, float)):
         return _compare_number(got, expected, atol, rtol)
-    ok = got == expected
-    return bool(ok), _("expected {expected!r}, got {got!r}", expected=expected, got=got)
+    ok = bool(got == expected)
+    return ok, _("equal") if ok else _("{got} is not right", got=_short(got))
 
 
 @dataclass

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -61,6 +62,7 @@ class Job:
     collect_index: dict[str, int]
     cases: dict[str, list[checks.Case]]
     points: dict[str, float]
+    answer_cells: dict[str, list[str]] = field(default_factory=dict)  # submission.answer_cells
 
 
 def prepare(base: nbformat.NotebookNode, parsed: submission.Parsed, jobdir: Path, kernel_jobdir: str,
@@ -68,7 +70,7 @@ def prepare(base: nbformat.NotebookNode, parsed: submission.Parsed, jobdir: Path
     """Rebuild the notebook, draw the cases, write them to ``jobdir/inputs``, append the collect cells."""
     _, points = submission.exercise_cells(base)
     notebook, problems, answer_index = submission.rebuild(base, parsed, SETUP.format(jobdir=kernel_jobdir))
-    job = Job(notebook, problems, answer_index, {}, {}, points)
+    job = Job(notebook, problems, answer_index, {}, {}, points, submission.answer_cells(base))
     (jobdir / "inputs").mkdir()
     for name in points:
         ex = checks.get(name)
@@ -149,13 +151,49 @@ def score(name: str, max_points: float, cases: list[checks.Case], loaded: dict, 
     return ExerciseScore(name, points, max_points, verdict, [o.line for o in outcomes])
 
 
+CELL_LINE = re.compile(r"\(<IPY-INPUT>, line (\d+)\)")  # where IPython puts a SyntaxError (notebook_exec names it)
+
+
+def answer_cell_error(name: str, job: Job, run: RunReport) -> tuple[str, str] | None:
+    """The first of the exercise's own answer cells (``submission.answer_cells``) that raised, and its
+    error with the line a SyntaxError points at; else None."""
+    for cell in job.answer_cells.get(name, [name]):
+        error = run.errors.get(str(job.answer_index.get(cell)))
+        if error:
+            return cell, CELL_LINE.sub(r"(line \1)", clean(error, 300))
+    return None
+
+
+def with_answer_error(name: str, result: ExerciseScore, raised: tuple[str, str] | None) -> ExerciseScore:
+    """An exercise whose answer cell raised: the error is reported first, for this exercise (the cases
+    after it often fail only because of it, as a NameError), and is the status unless every case passed."""
+    if raised is None:
+        return result
+    cell, error = raised
+    first = "  ✗ " + messages._("the answer cell {cell} raised {error}", cell=clean(cell, 80), error=error)
+    lines = [first, *(line for line in result.lines if line != "  ✗ " + error)]
+    reason = error if cell == name else messages.N_("{error} in the answer cell {cell}", error=error,
+                                                    cell=clean(cell, 80))
+    status = result.status if result.status == checks.PASS else messages.N_("error: {reason}", reason=reason)
+    return replace(result, status=status, lines=lines)
+
+
 def score_exercise(name: str, job: Job, files: dict[str, bytes], run: RunReport, killed: bool,
                    checked: dict[str, dict | results.ContractError]) -> ExerciseScore:
-    """Score one exercise from what the sandbox sent back (or did not), checked by ``results.check_outputs``."""
-    max_points = job.points[name]
+    """Score one exercise from what the sandbox sent back (or did not), checked by ``results.check_outputs``;
+    an error of its answer cell comes first."""
     if name in job.problems:
-        return ExerciseScore(name, 0, max_points, job.problems[name], ["  ✗ " + messages.say(job.problems[name])])
-    answer_error = run.errors.get(str(job.answer_index.get(name)))
+        return ExerciseScore(name, 0, job.points[name], job.problems[name],
+                             ["  ✗ " + messages.say(job.problems[name])])
+    raised = answer_cell_error(name, job, run)
+    result = scored_exercise(name, job, files, run, killed, checked, raised[1] if raised else None)
+    return with_answer_error(name, result, raised)
+
+
+def scored_exercise(name: str, job: Job, files: dict[str, bytes], run: RunReport, killed: bool,
+                    checked: dict[str, dict | results.ContractError], answer_error: str | None) -> ExerciseScore:
+    """The verdict on the cases of one exercise, its answer cell's own ``answer_error`` aside."""
+    max_points = job.points[name]
     collect_error = run.errors.get(str(job.collect_index[name]))
     data = files.get(results.file_name(name))
     if data is None:
@@ -392,8 +430,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "your group (default for a folder of submissions: FOLDER.graded beside it)")
     p.add_argument("--json", metavar="FILE", help="results as JSON elsewhere (default DIR/results.json)")
     p.add_argument("--gradebook", metavar="CSV", help="gradebook elsewhere (default DIR/gradebook.csv for a folder)")
-    p.add_argument("--feedback", metavar="DIR", help="a Markdown report per submission, elsewhere "
-                   "(default DIR/feedback)")
+    p.add_argument("--feedback", metavar="DIR", help="a Markdown report and the same as an HTML page per "
+                   "submission, elsewhere (default DIR/feedback)")
     p.add_argument("--cell-timeout", type=int, help=f"seconds per answer cell and per exercise (default "
                    f"{Limits.cell_timeout}, or the lesson's own)")
     p.add_argument("--notebook-timeout", type=int,

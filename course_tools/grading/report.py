@@ -1,10 +1,11 @@
-"""What the grader writes: a row per submission, the terminal table, Markdown feedback, and the
-gradebook (CSV and JSON) rewritten atomically after every submission, so that whatever happens
-to the run, every student graded so far keeps their row."""
+"""What the grader writes: a row per submission, the terminal table, feedback (Markdown, and the same as a
+self-contained HTML page), and the gradebook (CSV and JSON) rewritten atomically after every submission,
+so that whatever happens to the run, every student graded so far keeps their row."""
 
 from __future__ import annotations
 
 import csv
+import html
 import io
 import json
 import os
@@ -119,6 +120,60 @@ def feedback_markdown(sub: Submission) -> str:
     return "\n".join(lines)
 
 
+PAGE_STYLE = """body{font:16px/1.5 system-ui,sans-serif;margin:0;background:#f6f7f9;color:#1d2330}
+main{max-width:60rem;margin:0 auto;padding:1.5rem}h1{font-size:1.6rem;margin:.2rem 0 .6rem}
+h2{font-size:1.1rem;margin:1.6rem 0 .4rem;overflow-wrap:anywhere}.status{font-weight:normal;color:#55607a}
+pre{background:#fff;border:1px solid #d8dce4;border-radius:6px;padding:.7rem .9rem;white-space:pre-wrap;
+overflow-wrap:anywhere;font:14px/1.45 ui-monospace,monospace;margin:0}.ok{color:#17703a}.bad{color:#b3261e}
+.flag{color:#8a4b00}.seed{color:#55607a;margin-top:2rem}"""
+
+
+def _page_line(line: str) -> str:
+    """One line of a case report, escaped, coloured by its mark (✓ passed, ✗ failed)."""
+    escaped = html.escape(line, quote=True)
+    mark = line.lstrip()[:1]
+    return f'<span class="ok">{escaped}</span>' if mark == "✓" else \
+        f'<span class="bad">{escaped}</span>' if mark == "✗" else escaped
+
+
+def feedback_html(sub: Submission) -> str:
+    """The student's report as a self-contained HTML page (no script, nothing loaded: its policy forbids it),
+    with what ``feedback_markdown`` says. Every text is cleaned, redacted and HTML-escaped once, so a name
+    with ``<``, ``&`` or quotes reads as it is written, with no Markdown escape shown."""
+
+    def text(value: object, limit: int = 500) -> str:
+        return redact(clean(value, limit))
+
+    def status(value: str) -> str:
+        return text(say(value, sub.lang))
+
+    def esc(value: str) -> str:
+        return html.escape(value, quote=True)
+
+    lang, lesson = sub.lang, text(sub.lesson, 40) or say(N_("unknown"), sub.lang)
+    title = say(N_("# Feedback: {student}", student=text(sub.student, 80)), lang).removeprefix("# ")
+    points = dict(lesson=lesson, total=f"{sub.total:g}", max=f"{sub.max_points:g}", status=status(sub.status))
+    summary = say(N_("Lesson {lesson}: {total} of {max} points, {pending} more to be graded by hand ({status}).",
+                     pending=format(sub.pending, "g"), **points), lang) if sub.pending else \
+        say(N_("Lesson {lesson}: {total} of {max} points ({status}).", **points), lang)
+    body = [f"<h1>{esc(title)}</h1>", f"<p>{esc(summary)}</p>"]
+    body += [f'<p class="flag">{esc(say(N_("Flagged: {flag}", flag=status(flag)), lang))}</p>' for flag in sub.flags]
+    for e in sub.exercises:
+        got = say(N_("pending"), lang) if e.pending else f"{e.points:g}"
+        lines = [clean(line, 5000, lines=True) for line in e.answer.splitlines()] if e.pending else \
+            [clean(line.strip(), 1000) for line in e.lines]
+        body += [f'<section><h2>{esc(text(e.name, 80))}: {esc(got)} / {e.max_points:g} '
+                 f'<span class="status">({esc(status(e.status))})</span></h2>',
+                 "<pre>" + "\n".join(_page_line(redact(line)) for line in lines or ["(no cases)"]) + "</pre></section>"]
+    if sub.seed is not None:
+        body.append(f'<p class="seed">{esc(say(N_("Cases drawn with seed {seed}.", seed=sub.seed), lang))}</p>')
+    head = ['<meta charset="utf-8">', '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            """<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'">""",
+            f"<title>{esc(title)}</title>", f"<style>{PAGE_STYLE}</style>"]
+    return "\n".join(["<!DOCTYPE html>", f'<html lang="{esc(lang)}">', "<head>", *head, "</head>", "<body><main>",
+                      *body, "</main></body>", "</html>", ""])
+
+
 def atomic_write(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` in one step: readers see the old file or the new, never half.
     The file is readable by the owner's group (``FILE_MODE``), not only by the owner."""
@@ -153,7 +208,8 @@ def gradebook_csv(subs: list[Submission]) -> str:
 
 
 class Gradebook:
-    """Collects rows; after each one, rewrites the CSV and JSON files and writes that student's feedback."""
+    """Collects rows; after each one, rewrites the CSV and JSON files and writes that student's feedback
+    (``NAME.feedback.md`` and, to open in a browser, ``NAME.feedback.html``)."""
 
     def __init__(self, csv_path: Path | None, json_path: Path | None, feedback: Path | None = None) -> None:
         self.csv_path, self.json_path, self.feedback = csv_path, json_path, feedback
@@ -171,7 +227,9 @@ class Gradebook:
         if self.json_path:
             atomic_write(self.json_path, json.dumps([s.record() for s in rows], indent=1, ensure_ascii=False))
         if self.feedback:
-            atomic_write(self.feedback / f"{self._feedback_name(sub)}.feedback.md", feedback_markdown(sub))
+            stem = self._feedback_name(sub)
+            atomic_write(self.feedback / f"{stem}.feedback.md", feedback_markdown(sub))
+            atomic_write(self.feedback / f"{stem}.feedback.html", feedback_html(sub))
 
     def _feedback_name(self, sub: Submission) -> str:
         """The file stem of a student's feedback: an encoding of the name that no other name has

@@ -190,6 +190,28 @@ def exercise_cells(nb: nbformat.NotebookNode) -> tuple[list[str], dict[str, floa
     return answers, points
 
 
+def answer_cells(nb: nbformat.NotebookNode) -> dict[str, list[str]]:
+    """Each graded exercise's answer cells, by grade_id: its own (a cell whose grade_id is its name), else
+    the answer cells written since the check cell before the last group of answers (lesson 11:
+    ``my_generate`` answers ``capstone_sampling``; ``my_attention``, ``my_block`` and ``my_gpt`` answer the
+    three checks after them). An error of these cells is the exercise's own error in the report."""
+    cells = [cell.get("metadata", {}).get("nbgrader") or {} for cell in nb.cells]
+    answers = {meta.get("grade_id") for meta in cells if meta.get("solution") and not meta.get("grade")}
+    found: dict[str, list[str]] = {}
+    group: list[str] = []
+    checked = False  # whether a check cell came after the group: the next answer cell starts a new one
+    for meta in cells:
+        grade_id = meta.get("grade_id")
+        if grade_id in answers:
+            group, checked = ([], False) if checked else (group, checked)
+            group.append(grade_id)
+        elif meta.get("grade") and grade_id and grade_id.endswith("_check"):
+            name = grade_id[: -len("_check")]
+            found[name] = [name] if name in answers else list(group)
+            checked = True
+    return found
+
+
 def identify_lesson(parsed: Parsed, pristine: dict[str, nbformat.NotebookNode]) -> str:
     """The lesson from the metadata ``course assign`` writes, else from the answer cells' ids."""
     if parsed.lesson in pristine:

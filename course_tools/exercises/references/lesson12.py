@@ -99,13 +99,30 @@ def q8_0_roundtrip(w: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------ the chat template
 
 
+SYSTEM_MESSAGES = ("Answer briefly.", "You are a patient maths tutor.", "Reply in one sentence.", "한국어로 답하세요.")
+COLOURS = ("red", "green", "blue", "yellow", "violet", "orange", "grey", "white")
+
+
+def _pick(options: tuple[str, ...], gen: torch.Generator) -> str:
+    return options[int(torch.randint(len(options), (), generator=gen))]
+
+
+def _number(gen: torch.Generator) -> int:
+    return int(torch.randint(100, (), generator=gen))
+
+
 def _chat_cases(gen: torch.Generator) -> list[Case]:
+    """Three conversations whose words are drawn per seed (the labels stay fixed): the expected prompts
+    differ from draw to draw, so no table of prompts answers them."""
+    a, b, c = _number(gen), _number(gen), _number(gen)
     return [
-        Case(N_("one user message"), ([{"role": "user", "content": "What is 2 + 2?"}],)),
-        Case(N_("a system message and a user message"), ([{"role": "system", "content": "Answer briefly."},
-                                                       {"role": "user", "content": "Name a colour."}],)),
-        Case(N_("two turns"), ([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
-                            {"role": "user", "content": "안녕?"}],)),
+        Case(N_("one user message"), ([{"role": "user", "content": f"What is {a} + {b}?"}],)),
+        Case(N_("a system message and a user message"), ([
+            {"role": "system", "content": _pick(SYSTEM_MESSAGES, gen)},
+            {"role": "user", "content": f"Name a colour other than {_pick(COLOURS, gen)}."}],)),
+        Case(N_("two turns"), ([{"role": "user", "content": f"Hi, I am {c}."},
+                                {"role": "assistant", "content": _pick(("Hello!", "Hi there!", "안녕하세요!"), gen)},
+                                {"role": "user", "content": f"{c} 더하기 {a}의 값은?"}],)),
     ]
 
 

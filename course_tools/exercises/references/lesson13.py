@@ -47,7 +47,8 @@ def _lora_hint(case: Case, got, expected) -> str | None:
         return _("scale by alpha / rank, not by alpha alone")
     if _close(got, x @ W.T + alpha / r * x @ A.T @ B.T):
         return _("the frozen layer's bias b belongs to the output too")
-    return _("one way: x @ W.T + b + (alpha / A.shape[0]) * (x @ A.T) @ B.T")
+    return _("the frozen layer's output x Wᵀ + b, plus the low-rank path: x through A, then through B, "
+             "scaled by alpha / r (r is the number of rows of A)")
 
 
 @exercise(cases=_lora_cases, hints=[_lora_hint])
@@ -84,7 +85,7 @@ def _merge_hint(case: Case, got, expected) -> str | None:
         return _("α/r forgotten: ΔW = (alpha / rank) · B A")
     if W.shape[0] == W.shape[1] and _close(got, W + alpha / r * (B @ A).T):
         return _("ΔW is B A (O, I), not its transpose")
-    return _("one way: W + (alpha / A.shape[0]) * B @ A")
+    return _("fold the low-rank path into W: add the product of B and A (an out × in matrix), scaled by alpha / r")
 
 
 @exercise(cases=_merge_cases, hints=[_merge_hint])
@@ -155,7 +156,8 @@ def _dpo_hint(case: Case, got, expected) -> str | None:
         return _("β forgotten: multiply the margin by beta inside the sigmoid")
     if len(pc) > 1 and _close(got, -F.logsigmoid(beta * ((pc - rc) - (pr - rr))).sum()):
         return _("average over the pairs (mean), not the sum")
-    return _("one way: margin = (pc - rc) - (pr - rr); return -F.logsigmoid(beta * margin).mean()")
+    return _("the margin is how much more the policy than the reference prefers the chosen answer to the rejected one; "
+             "the loss is −log σ of β times it (F.logsigmoid), averaged over the pairs")
 
 
 @exercise(cases=_dpo_cases, hints=[_dpo_hint])
