@@ -126,7 +126,7 @@ def test_self_check_answers():
 
 
 @pytest.mark.parametrize("name", ["capstone_params_added", "capstone_diagnosis", "capstone_top_k_prob",
-                                  "capstone_lr_mid"])
+                                  "capstone_lr_mid", "peeking_verdict"])
 def test_every_known_wrong_answer_is_wrong_and_gets_its_own_hint(name):
     ex = checks.get(name)
     table = ex.hints[0].table

@@ -553,8 +553,8 @@ def capstone_lr_mid() -> float:
                      "to lean on it; under the mask that help is gone, so the same weights score worse."),
           hints=[known_wrong({"a": N_("compare the two numbers your function printed: the mask changes the loss"),
                               "c": N_("a short run does not reach 0; look at which of the two losses is lower"),
-                              "b": N_("the loss without the mask is the one that can read the answer: it is the "
-                                      "lower")})])
+                              "b": N_("read the two numbers your function printed again, in the order it printed "
+                                      "them: which one is the loss without the mask?")})])
 def peeking_verdict() -> str:
     """Experiment: which of four outcomes the peeking run measures (the loss without the mask, against the causal
     loss of the same weights)."""
