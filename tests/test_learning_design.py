@@ -171,7 +171,7 @@ REASONING = {
     "09": {"rmsnorm_equals_layernorm", "gqa_kv_head", "swiglu_equal_width", "kv_bytes_40_layers",
            "mqa_params_saved"},
     "10": {"predictions_scored", "batched_beam_candidates", "reading_101010"},
-    "11": {"capstone_params", "capstone_diagnosis", "capstone_last_input", "capstone_lr_mid"},
+    "11": {"capstone_params_added", "capstone_diagnosis", "capstone_top_k_prob"},
     "12": {"roofline_tokens_per_s", "gguf_rope_layout", "korean_tokens"},
     "13": {"smollm2_lora_parameters", "dpo_loss_at_start", "answer_positions", "both_zero_choice"},
 }

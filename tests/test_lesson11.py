@@ -14,6 +14,7 @@ import torch
 from course_tools.exercises import checks
 from course_tools.exercises.references import lesson11 as L
 from course_tools.grading.job import Limits
+from course_tools.messages import say
 from course_utils import gpt
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,9 +114,28 @@ def test_sampling_verdict_checks_form_and_the_greedy_path():
 
 
 def test_self_check_answers():
-    assert L.capstone_params() == 109_568
-    assert sum(p.numel() for p in reference_gpt(dict(L.TRAIN_SIZES, vocab_size=84)).parameters()) == 109_568
+    def count(**changes):
+        return sum(p.numel() for p in reference_gpt(dict(L.TRAIN_SIZES, vocab_size=84, **changes)).parameters())
+
+    assert count() == 109_568
+    assert L.capstone_params_added() == count(max_len=256, n_heads=8) - count() == 192 * 64
+    assert count(n_heads=8) == count()  # the heads split d_model: the question's trap
+    assert math.isclose(L.capstone_top_k_prob(), 1 / (1 + math.e), rel_tol=1e-6)
+    assert L.capstone_diagnosis() == "c"
     assert math.isclose(L.capstone_lr_mid(), 0.0055)
+
+
+@pytest.mark.parametrize("name", ["capstone_params_added", "capstone_diagnosis", "capstone_top_k_prob",
+                                  "capstone_lr_mid", "peeking_verdict"])
+def test_every_known_wrong_answer_is_wrong_and_gets_its_own_hint(name):
+    ex = checks.get(name)
+    table = ex.hints[0].table
+    right = ex.reference()
+    assert table and right not in table
+    for wrong, why in table.items():
+        outcome = checks.judge(ex, checks.Case("your answer"), wrong, right)
+        assert outcome.status == checks.FAIL, (name, wrong)
+        assert say(why) in outcome.line, (name, wrong, outcome.line)
 
 
 def test_the_lesson_raises_the_grading_limits_and_only_for_itself():

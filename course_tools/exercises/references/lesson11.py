@@ -35,6 +35,7 @@ from course_tools.exercises.checks import Case, exercise, question
 from course_tools.exercises.references._shared import close, known_wrong
 from course_tools.messages import N_, N_n, _
 from course_utils import attention, blocks, counting, data, gpt
+from course_utils.generate import next_token_probs
 
 # What the capstone asks the learner to write, removed from the sandbox while it is graded
 # (course_tools.grading.shortcuts): "*" for every stage, and the loop and the sampler for their own.
@@ -468,44 +469,69 @@ def capstone_sampling(sizes: dict[str, int], state: dict[str, torch.Tensor], idx
 # --- self-check -------------------------------------------------------------------------------------
 
 
-def _count_train_config() -> int:
-    return counting.count_params(gpt.GPTConfig(vocab_size=84, activation=ACTIVATION, **TRAIN_SIZES))
+def _count_params(**changes: int) -> int:
+    """Parameters of the course's GPT at the training stage's sizes, with some of them changed."""
+    return counting.count_params(gpt.GPTConfig(vocab_size=84, activation=ACTIVATION, **dict(TRAIN_SIZES, **changes)))
 
 
-@question(explain=N_("84·64 token + 64·64 position embeddings, 2 blocks of 49,984 (attention 4·(64·64 + 64), "
-                     "feed-forward 64·256 + 256 + 256·64 + 64, two norms 2·128), the final norm 128, and no head: "
-                     "5,376 + 4,096 + 99,968 + 128 = 109,568."),
-          hints=[known_wrong({114944: N_("that counts an lm_head of 84·64: the head is tied to the token embedding"),
-                              109440: N_("the final norm has a gain and a bias too (128 parameters)"),
-                              105472: N_("the position embedding is learned: 64·64 parameters"),
-                              107776: N_("each of the 4 attention projections and both feed-forward layers has a bias"),
-                              98304: N_("that is 2 · 12 · d_model² only: add the embeddings, biases and norms")})])
-def capstone_params() -> int:
-    """Parameters of the training stage's GPT (V = 84, max_len 64, 2 layers, 4 heads, d_model 64)."""
-    return _count_train_config()
+@question(explain=N_("the heads split d_model: W_Q, W_K, W_V and W_O stay 64 × 64 whatever n_heads is, so 8 heads "
+                     "add nothing; the learned position table grows from 64 to 256 rows of 64: 192 · 64 = 12,288."),
+          hints=[known_wrong({0: N_("max_len is the number of rows of the learned position table: it has a row of "
+                                    "d_model parameters per position"),
+                              16384: N_("that is the whole new position table; the old one already had 64 of its "
+                                        "rows"),
+                              45568: N_("the heads split d_model into narrower pieces: the four projections stay "
+                                        "d_model × d_model, so doubling n_heads adds no parameters"),
+                              33280: N_("the heads split d_model into narrower pieces, so doubling n_heads adds no "
+                                        "parameters; and max_len sets the rows of the position table"),
+                              121856: N_("that is the whole new model; the question asks how many parameters it "
+                                         "has more")})])
+def capstone_params_added() -> int:
+    """How many parameters GPT(84, 256, 2, 8, 64) has more than the training stage's GPT(84, 64, 2, 4, 64)."""
+    return _count_params(max_len=256, n_heads=8) - _count_params()
 
 
-@question(explain=N_("the no-peeking stage passes, so the mask is in place; a training loss near 0 then means the "
-                     "target is visible to the model: with y = x it only has to copy the current token."),
-          hints=[known_wrong({"a": N_("a missing mask would fail the no-peeking stage, which passes here"),
-                              "c": N_("without warm-up the loss stalls or spikes; it does not fall to 0.04"),
-                              "d": N_("gradients that pile up make training worse, not a loss near 0")})])
+@question(explain=N_("evaluate scores the same kind of batches as training and agrees with the grader, so what differs "
+                     "between the two printouts is train mode against eval mode: a mask that is on only in eval mode "
+                     "lets training read the next character, while evaluate, stage 3 and the grader run with it."),
+          hints=[known_wrong({"a": N_("a missing mask fails the no-peeking stage, which passes here"),
+                              "b": N_("unshifted targets would fool evaluate as well: it scores the same kind of "
+                                      "batches, so its loss would fall too"),
+                              "d": N_("gradients that pile up spoil training and validation alike; they do not open a "
+                                      "gap between the two")})])
 def capstone_diagnosis() -> str:
-    """Training loss 0.04, no-peeking passes, grader's validation loss 6: which bug?"""
-    return "b"
+    """Stages 1–3 pass; the loop's own training loss ends well below its own validation loss, which the grader's
+    matches: which bug?"""
+    return "c"
 
 
-@question(explain=N_("at the last step the sequence holds 10 + 59 = 69 tokens; the model sees only the last max_len "
-                     "= 64 of them, for each of the 3 prompts."),
-          hints=[known_wrong({(3, 69): N_("69 tokens exceed max_len = 64: the position embedding has only 64 rows, "
-                                          "so generate crops to idx[:, -64:]"),
-                              (3, 70): N_("the last step feeds the sequence before its new token: 10 + 59 tokens, "
-                                          "cropped to 64"),
-                              (3, 64, 84): N_("that is the logits' shape; the question asks for the model's input"),
-                              (64, 3): N_("the batch comes first: (B, T)")})])
-def capstone_last_input() -> tuple[int, int]:
-    """The shape of the model's input at the last step of generating 60 tokens after a (3, 10) prompt."""
-    return (3, 64)
+_TOP_K_LOGITS = (2.0, 1.5, 1.0, 1.0)  # the last position's logits in question 3
+
+
+def _drawn(logits: tuple[float, ...], temperature: float, top_k: int | None, token: int) -> float:
+    """The probability that sampling draws ``token`` from ``logits`` at ``temperature``, restricted to the top_k
+    (the course's own rule, ``course_utils.generate.next_token_probs``)."""
+    return next_token_probs(torch.tensor(logits), temperature, top_k)[token].item()
+
+
+@question(explain=N_("divide by the temperature first: (4, 3, 2, 2); keep the two largest and renormalise over them: "
+                     "e³ / (e⁴ + e³) = 1 / (1 + e) = 0.269."),
+          atol=1e-3,
+          hints=[known_wrong({_drawn(_TOP_K_LOGITS, 1.0, 2, 1):
+                                  N_("the temperature divides the logits before the softmax: at 0.5 every gap doubles"),
+                              _drawn(_TOP_K_LOGITS, 2.0, 2, 1):
+                                  N_("divide the logits by the temperature: multiplying by it flattens the "
+                                     "distribution instead of sharpening it"),
+                              _drawn(_TOP_K_LOGITS, 0.5, None, 1):
+                                  N_("top_k=2 keeps the two largest logits and renormalises over them: set the others "
+                                     "to -inf before the softmax"),
+                              _drawn(_TOP_K_LOGITS, 1.0, None, 1):
+                                  N_("neither the temperature nor top_k is applied"),
+                              _drawn(_TOP_K_LOGITS, 0.5, 2, 0):
+                                  N_("that is token 0; the question asks for token 1, the second")})])
+def capstone_top_k_prob() -> float:
+    """The probability of drawing token 1 from logits (2, 1.5, 1, 1) at temperature 0.5 with top_k=2."""
+    return _drawn(_TOP_K_LOGITS, 0.5, 2, 1)
 
 
 @question(explain=N_("progress (275 − 50) / 450 = 0.5 puts the cosine at 0: the rate is halfway between lr = 0.01 "
@@ -527,8 +553,9 @@ def capstone_lr_mid() -> float:
                      "to lean on it; under the mask that help is gone, so the same weights score worse."),
           hints=[known_wrong({"a": N_("compare the two numbers your function printed: the mask changes the loss"),
                               "c": N_("a short run does not reach 0; look at which of the two losses is lower"),
-                              "b": N_("the loss without the mask is the one that can read the answer: it is the "
-                                      "lower")})])
+                              "b": N_("read the two numbers your function printed again, in the order it printed "
+                                      "them: which one is the loss without the mask?")})])
 def peeking_verdict() -> str:
-    """What the peeking experiment measures."""
+    """Experiment: which of four outcomes the peeking run measures (the loss without the mask, against the causal
+    loss of the same weights)."""
     return "d"
