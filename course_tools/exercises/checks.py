@@ -273,7 +273,7 @@ class CheckResult:
     def report(self) -> str:
         lines = [self.summary()]
         if self.blocked:  # its cases ran on a model the stages before judged wrong: their hints would mislead
-            lines.append(held_back(self.passed, self.total))
+            lines.append("  ✗ " + held_back(self.passed, self.total))
         elif self.status != NOT_ATTEMPTED:
             lines += [o.line for o in self.outcomes]
         if self.status == PASS and self.explain:
@@ -408,8 +408,8 @@ def unmet(ex: Exercise, statuses: dict[str, str]) -> str | None:
 
 def held_back(passed: int, total: int) -> str:
     """The line that stands for a blocked exercise's own cases (``unmet``): their count, not their details."""
-    return "  " + _("its own cases: {passed}/{total} passed; their details and hints are shown once the stages it "
-                    "builds on pass", passed=passed, total=total)
+    return _("its own cases: {passed}/{total} passed; their details and hints are shown once the stages it builds on "
+             "pass", passed=passed, total=total)
 
 
 def run(name: str, fn: Callable, seed: int | None = None) -> CheckResult:

@@ -129,7 +129,7 @@ def apply_requirements(exercises: list[ExerciseScore]) -> None:
             score.points = 0
             score.status = checks.FAIL if score.status == checks.PASS else score.status
             passed = sum(line.startswith("  ✓") for line in score.lines)
-            score.lines = ["  ✗ " + blocked, checks.held_back(passed, len(score.lines))]
+            score.lines = ["  ✗ " + blocked, "  ✗ " + checks.held_back(passed, len(score.lines))]
 
 
 def _timed_out(name: str, max_points: float) -> ExerciseScore:

@@ -679,8 +679,12 @@ def _sampling_verdict(case: Case, got: Any, expected: Any) -> tuple[bool, str]:
                      "the context cropped to max_len."))
 def capstone_sampling(sizes: dict[str, int], state: dict[str, torch.Tensor], idx: torch.Tensor, new: int,
                       options: dict[str, Any]) -> torch.Tensor:
-    """The greedy continuation (what ``top_k=1`` must give; the distribution cases are judged by
-    ``_distribution_verdict``, the others on form only)."""
+    """The greedy continuation (what ``top_k=1`` must give; other cases are judged on form only), or for a
+    distribution case the prompts followed by tokens drawn from the reference's distribution."""
+    if idx.shape[0] == DRAWS:
+        probs = next_token_distribution(sizes, state, idx[0], **options)
+        drawn = torch.multinomial(probs, DRAWS, replacement=True, generator=torch.Generator().manual_seed(0))
+        return torch.cat([idx, drawn[:, None]], dim=1)
     return greedy(sizes, state, idx, new)
 
 
