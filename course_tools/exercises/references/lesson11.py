@@ -587,7 +587,7 @@ def _distribution_case(sizes: dict[str, int], options: dict[str, Any], tested: s
     else:
         raise RuntimeError("no distribution case separates the wrong samplers; draw with another seed")
     shown = ", ".join(f"{k}={v}" for k, v in options.items())
-    return Case(N_("generate: the next token of one prompt, {draws} times, {shown}", draws=DRAWS, shown=shown),
+    return Case(N_("generate(the same prompt {draws} times, max_new_tokens=1, {shown})", draws=DRAWS, shown=shown),
                 (sizes, state, prompt.expand(DRAWS, -1).clone(), 1, dict(options)))
 
 
