@@ -16,6 +16,7 @@ def test_reference_passes_every_registered_exercise():
     from course_tools.exercises import references  # noqa: F401
 
     assert checks.REGISTRY
+    checks.LAST.clear()  # no earlier test's failing capstone stage blocks the ones that build on it
     for name, ex in checks.REGISTRY.items():
         if name == "capstone_training":  # its reference is the threshold: the verdict needs weights trained for
             continue  # 500 steps (the solution's check cell does that under nbval; tests/test_lesson11.py the rest)

@@ -97,6 +97,7 @@ def korean_report(name: str) -> str:
     ex = checks.get(name)
     answer = wrong_answer(ex)
     fn = answer if callable(answer) else checks.returning(answer)
+    checks.LAST.clear()  # each exercise's own feedback, not that of a capstone stage blocked by an earlier one
     with messages.speaking("ko"):
         return checks.run(name, fn, seed=0).report()
 

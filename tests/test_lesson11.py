@@ -85,18 +85,33 @@ def test_no_peeking_passes_a_causal_model_and_names_a_missing_mask():
     assert not L._peeking_verdict(case, causal[0], None)[0]  # one tensor, not two
 
 
+def contract_trace(settings, norm=0.5):
+    """The optimiser trace of a loop that keeps the contract: its schedule, gradients within grad_clip."""
+    steps, lr, warmup = settings["steps"], settings["lr"], settings["warmup_steps"]
+    lrs = [L.reference_lr(s, steps, lr, warmup) for s in range(steps)]
+    return torch.tensor([[lr, norm] for lr in lrs], dtype=torch.float64)
+
+
 def test_training_verdict_scores_the_weights_itself():
-    vocab, _ = L.shakespeare_splits()
-    assert vocab == 84
-    case = checks.draw("capstone_training", 4)[0]
+    vocab, tail = L.shakespeare_splits()
+    assert vocab == 84 and len(tail) == 252_700  # the corpus's last 5 %
+    case = checks.draw("capstone_training", 4)[1]
+    trace = contract_trace(case.args[1])
     untrained = L.to_learner_names(reference_gpt(dict(L.TRAIN_SIZES, vocab_size=vocab)).state_dict())
-    ok, detail = L._training_verdict(case, untrained, L.THRESHOLD)
-    assert not ok and "hardly learned" in detail  # about ln 84 = 4.43
+    ok, detail = L._training_verdict(case, (untrained, trace), L.THRESHOLD)
+    assert not ok and "hardly learned" in detail and "never receives" in detail  # about ln 84 = 4.43
     missing = {k: v for k, v in untrained.items() if k != "final_norm.bias"}
-    ok, detail = L._training_verdict(case, missing, L.THRESHOLD)
+    ok, detail = L._training_verdict(case, (missing, trace), L.THRESHOLD)
     assert not ok and "missing final_norm.bias" in detail
     nan = dict(untrained, **{"final_norm.bias": torch.full((64,), math.nan)})
-    assert "not finite" in L._training_verdict(case, nan, L.THRESHOLD)[1]
+    assert "not finite" in L._training_verdict(case, (nan, trace), L.THRESHOLD)[1]
+
+
+def test_training_is_judged_over_two_grader_seeds_and_a_clipping_case():
+    cases = checks.draw("capstone_training", 5)
+    seeds = [c.args[1]["seed"] for c in cases if len(c.args) == 2]
+    assert len(seeds) == L.TRAINING_SEEDS >= 2 and len(set(seeds)) == len(seeds)
+    assert [len(c.args) for c in cases] == [3, 2, 2]  # the clipping case first: `trained` ends as a real run
 
 
 def test_sampling_verdict_checks_form_and_the_greedy_path():

@@ -11,11 +11,13 @@ from __future__ import annotations
 import math
 import os
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from course_tools.messages import N_, _, say
 
@@ -58,6 +60,12 @@ class Exercise:
     verdict: Callable[[Case, Any, Any], tuple[bool, str]] | None = None
     """Judges (case, got, expected) -> (ok, detail) instead of comparing got with expected; for answers
     the checker must evaluate itself (a trained model's weights: their validation loss)."""
+    requires: dict[str, str] = field(default_factory=dict)
+    """Exercises this one builds on -> why it means nothing without them: while one of them fails, this
+    one scores nothing and its feedback says so first (the capstone's stages judge one model)."""
+    traced: bool = False
+    """The answer is judged with its optimiser trace: the verdict gets ``(value, trace)``, ``trace`` a
+    (steps, 2) tensor of each ``optimizer.step()``'s learning rate and global gradient norm."""
 
     def __post_init__(self) -> None:
         self.function = self.function or self.name
@@ -74,14 +82,16 @@ REGISTRY: dict[str, Exercise] = {}
 def exercise(name: str | None = None, *, cases: Callable[[torch.Generator], list[Case]],
              function: str = "", atol: float = 1e-5, rtol: float = 1e-4,
              hints: Sequence[Hint] = (), explain: str = "",
-             verdict: Callable[[Case, Any, Any], tuple[bool, str]] | None = None) -> Callable[[Callable], Callable]:
+             verdict: Callable[[Case, Any, Any], tuple[bool, str]] | None = None,
+             requires: dict[str, str] | None = None, traced: bool = False) -> Callable[[Callable], Callable]:
     """Decorator that registers a reference implementation as an exercise."""
 
     def register(reference: Callable) -> Callable:
         key = name or reference.__name__
         if key in REGISTRY:
             raise ValueError(f"exercise {key!r} is registered twice")
-        REGISTRY[key] = Exercise(key, reference, cases, function, atol, rtol, hints, explain, verdict)
+        REGISTRY[key] = Exercise(key, reference, cases, function, atol, rtol, hints, explain, verdict,
+                                 dict(requires or {}), traced)
         return reference
 
     return register
@@ -265,6 +275,7 @@ class CheckResult:
     outcomes: list[Outcome]
     explain: str = ""
     question: bool = False
+    blocked: str = ""  # why it does not count while an exercise it builds on fails (``unmet``)
 
     @property
     def passed(self) -> int:
@@ -284,6 +295,8 @@ class CheckResult:
             return _("{name}: not answered yet (replace the ... by your answer)", name=self.name)
         if self.status == NOT_ATTEMPTED:
             return _("{name}: not attempted yet (the function still raises NotImplementedError)", name=self.name)
+        if self.blocked:
+            return _("{name}: {blocked}", name=self.name, blocked=self.blocked)
         if self.question:
             return _("{name}: right", name=self.name) if self.status == PASS else \
                 _("{name}: not right yet", name=self.name)
@@ -295,7 +308,9 @@ class CheckResult:
 
     def report(self) -> str:
         lines = [self.summary()]
-        if self.status != NOT_ATTEMPTED:
+        if self.blocked:  # its cases ran on a model the stages before judged wrong: their hints would mislead
+            lines.append("  ✗ " + held_back(self.passed, self.total))
+        elif self.status != NOT_ATTEMPTED:
             lines += [o.line for o in self.outcomes]
         if self.status == PASS and self.explain:
             lines.append("  " + _("why: {why}", why=say(self.explain)))
@@ -368,6 +383,31 @@ def attempt(fn: Callable, args: tuple, kwargs: dict) -> tuple[str, Any]:
     return (ATTEMPT_NONE, None) if value is Ellipsis else (ATTEMPT_OK, value)
 
 
+@contextmanager
+def optimizer_trace() -> Iterator[list[tuple[float, float]]]:
+    """Records, for every ``optimizer.step()`` of any ``torch.optim.Optimizer`` (subclasses too) while
+    the block runs, the first parameter group's learning rate and the global norm of the gradients it
+    is about to apply (after any clipping): what the loop really did, step by step."""
+    steps: list[tuple[float, float]] = []
+
+    def record(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        grads = [p.grad.detach().double() for group in optimizer.param_groups for p in group["params"]
+                 if p.grad is not None]
+        norm = math.sqrt(sum(float((g * g).sum()) for g in grads))
+        steps.append((float(optimizer.param_groups[0]["lr"]), norm))
+
+    handle = register_optimizer_step_pre_hook(record)
+    try:
+        yield steps
+    finally:
+        handle.remove()
+
+
+def trace_tensor(steps: list[tuple[float, float]]) -> torch.Tensor:
+    """An optimiser trace as a (steps, 2) float64 tensor: learning rate, gradient norm."""
+    return torch.tensor(steps, dtype=torch.float64).reshape(len(steps), 2)
+
+
 def returning(value: Any) -> Callable[[], Any]:
     """A question's answer is a value, not a function: this function returns it, so it is checked like one."""
     return lambda: value
@@ -388,6 +428,26 @@ def result_status(outcomes: list[Outcome]) -> str:
     return PASS if outcomes and all(o.status == PASS for o in outcomes) else FAIL
 
 
+LAST: dict[str, str] = {}
+"""The status of each exercise's latest check in this kernel, for the exercises that build on it."""
+
+
+def unmet(ex: Exercise, statuses: dict[str, str]) -> str | None:
+    """The line that opens the feedback of ``ex`` while an exercise it requires has not passed, else None
+    (the first such exercise in ``ex.requires``' order; one never checked counts as not passed only
+    when ``statuses`` holds it)."""
+    for required, why in ex.requires.items():
+        if required in statuses and statuses[required] != PASS:
+            return _("{required} failed: fix that first; {why}", required=required, why=say(why))
+    return None
+
+
+def held_back(passed: int, total: int) -> str:
+    """The line that stands for a blocked exercise's own cases (``unmet``): their count, not their details."""
+    return _("its own cases: {passed}/{total} passed; their details and hints are shown once the stages it builds on "
+             "pass", passed=passed, total=total)
+
+
 def run(name: str, fn: Callable, seed: int | None = None) -> CheckResult:
     """Check ``fn`` against exercise ``name`` on cases drawn with ``seed`` (fresh if None)."""
     ex = get(name)
@@ -395,14 +455,17 @@ def run(name: str, fn: Callable, seed: int | None = None) -> CheckResult:
     outcomes = []
     for case in cases:
         expected = call(ex.reference, case)
-        status, got = attempt(fn, _clone(case.args), _clone(case.kwargs))
+        with optimizer_trace() as steps:
+            status, got = attempt(fn, _clone(case.args), _clone(case.kwargs))
         if status == ATTEMPT_NONE:
             outcomes.append(not_attempted(case))
         elif status == ATTEMPT_ERROR:
             outcomes.append(raised(case, got))
         else:
-            outcomes.append(judge(ex, case, got, expected))
-    return CheckResult(name, result_status(outcomes), outcomes, ex.explain, ex.is_question)
+            outcomes.append(judge(ex, case, (got, trace_tensor(steps)) if ex.traced else got, expected))
+    status = LAST[name] = result_status(outcomes)
+    blocked = unmet(ex, LAST) if status != NOT_ATTEMPTED else None
+    return CheckResult(name, FAIL if blocked else status, outcomes, ex.explain, ex.is_question, blocked or "")
 
 
 class CheckFailed(AssertionError):

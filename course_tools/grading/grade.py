@@ -107,7 +107,31 @@ def judge_case(ex: checks.Exercise, case: checks.Case, result: Any) -> checks.Ou
     expected = checks.call(ex.reference, case)
     got = result.get("value")
     hints = _numel(got) <= 4 * _numel(expected) + 1024  # hints compute on the answer: only on bounded sizes
+    if ex.traced:
+        got = (got, _trace(result.get("trace")))
     return checks.judge(ex, case, got, expected, hints=hints)
+
+
+def _trace(value: Any) -> torch.Tensor:
+    """A case record's optimiser trace (``checks.optimizer_trace``): none is zero steps; anything but a
+    (steps, 2) tensor is kept as it came, for the verdict to refuse."""
+    return checks.trace_tensor([]) if value is None else value
+
+
+def apply_requirements(exercises: list[ExerciseScore]) -> None:
+    """An exercise whose required exercises (``Exercise.requires``) did not all pass scores nothing,
+    and its feedback names the first one that failed (judged on their own verdicts) and counts its own cases
+    without their details: measured on a model that differs from the reference, their hints would mislead."""
+    statuses = {e.name: e.status for e in exercises}
+    for score in exercises:
+        if score.name not in checks.REGISTRY or score.status == checks.NOT_ATTEMPTED:
+            continue
+        blocked = checks.unmet(checks.get(score.name), statuses)
+        if blocked:
+            score.points = 0
+            score.status = checks.FAIL if score.status == checks.PASS else score.status
+            passed = sum(line.startswith("  ✓") for line in score.lines)
+            score.lines = ["  ✗ " + blocked, "  ✗ " + checks.held_back(passed, len(score.lines))]
 
 
 def _timed_out(name: str, max_points: float) -> ExerciseScore:
@@ -251,6 +275,7 @@ def grade_parsed(sub: Submission, parsed: submission.Parsed, base: nbformat.Note
     outputs = {file: result.files[file] for file in map(results.file_name, job.points) if file in result.files}
     checked = results.check_outputs(outputs, results.caps_for(sub.lesson), sandbox.host_paths())
     sub.exercises = [score_exercise(name, job, result.files, run, result.killed, checked) for name in job.points]
+    apply_requirements(sub.exercises)
     sub.exercises += manual_scores(base, parsed)
     if submission.names_references(parsed):
         sub.flags.append(REFERENCE_FLAG)

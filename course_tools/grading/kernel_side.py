@@ -19,10 +19,12 @@ MESSAGE_CHARS = 300  # of an error's one line, kept in the record the grader rea
 def one_case(fn: Callable, args: tuple, kwargs: dict) -> dict:
     """The learner's answer to one case as a result record, by the notebook check's own rule
     (``checks.attempt``): ok with its value, not attempted, or an error with its one line."""
-    status, value = checks.attempt(fn, args, kwargs)
+    with checks.optimizer_trace() as steps:  # what a training loop did, for the exercises judged on it
+        status, value = checks.attempt(fn, args, kwargs)
     if status == checks.ATTEMPT_OK:
         try:  # e.g. a NumPy array of objects: that case is an error, the exercise's other cases still count
-            return {"status": status, "value": results.plain(value)}
+            record = {"status": status, "value": results.plain(value)}
+            return record | {"trace": checks.trace_tensor(steps)} if steps else record
         except Exception as exc:
             status, value = checks.ATTEMPT_ERROR, checks.error_line(exc)
     if status == checks.ATTEMPT_ERROR:

@@ -37,7 +37,7 @@ import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from course_tools.grading import channel, export, seccomp
+from course_tools.grading import channel, export, held_out, seccomp
 from course_tools.grading.job import JobSpec, Limits, RunReport
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -292,10 +292,12 @@ class Sandbox:
         self.limiter = "none"
         self.data = data_folder()
         self.exports: dict[str | None, Path] = {}
+        self.data_views: dict[str | None, Path] = {}  # a lesson's data folder without its held-out text
         masks = Path(tempfile.mkdtemp(prefix="course-grade-proc-"))
         self.proc_masks = write_proc_masks(masks, caps)
         self._export_lock = threading.Lock()
         self._finalizer = weakref.finalize(self, _remove_all, self.exports)
+        self._data_finalizer = weakref.finalize(self, _remove_all, self.data_views)
         self._masks_finalizer = weakref.finalize(self, shutil.rmtree, masks, True)
 
     def check(self) -> None:
@@ -338,11 +340,22 @@ class Sandbox:
                 self.exports[lesson] = export.make(lesson, pristine_sources or [])
             return self.exports[lesson]
 
+    def data_for(self, lesson: str | None) -> str | None:
+        """The data folder lent to ``lesson``'s sandbox: the cache, or for a lesson that is judged on
+        held-out text (``held_out``) a copy of the corpus without it (made once per grading run)."""
+        if not held_out.fraction(lesson) or self.data is None:
+            return self.data
+        with self._export_lock:
+            if lesson not in self.data_views:
+                self.data_views[lesson] = held_out.excerpt_folder(lesson)
+            return str(self.data_views[lesson])
+
     def host_paths(self) -> list[tuple[str, str]]:
         """(host path, neutral name) pairs to clean out of text a student sees, longest first."""
         pairs = [(str(ROOT), "<course>"), (tempfile.gettempdir(), "<tmp>"), (str(Path.home()), "<home>")]
         pairs += [(str(p), "<export>") for p in self.exports.values()]
         pairs += [(p, "<python>") for p in self.prefixes]
+        pairs += [(str(p), DATA) for p in self.data_views.values()]
         if self.data:
             pairs.append((self.data, DATA))
         return sorted({(h, n) for h, n in pairs if len(h) > 1}, key=lambda pair: -len(pair[0]))
@@ -353,11 +366,13 @@ class Sandbox:
             text = text.replace(host, neutral)
         return text
 
-    def bwrap_args(self, jobdir: Path | None, course: Path) -> list[str]:
-        """bubblewrap's options (they go through a pipe, not the command line)."""
+    def bwrap_args(self, jobdir: Path | None, course: Path, data: str | None = None) -> list[str]:
+        """bubblewrap's options (they go through a pipe, not the command line); ``data``: the data folder
+        to lend (default: the cache)."""
+        data = data or self.data
         args = ["--unshare-all", "--unshare-user", "--uid", NOBODY, "--gid", NOBODY,
                 "--hostname", "grading", "--die-with-parent", "--new-session", "--clearenv"]
-        for key, value in environment(HOME, "/tmp", self.threads, COURSE, DATA if self.data else None).items():
+        for key, value in environment(HOME, "/tmp", self.threads, COURSE, DATA if data else None).items():
             args += ["--setenv", key, value]
         for path in SYSTEM_DIRS:
             if os.path.islink(path):
@@ -378,18 +393,18 @@ class Sandbox:
         for package, folder in installed_copies(self.prefixes):
             args += ["--ro-bind", str(course / package), folder]
         args += ["--ro-bind", str(course), COURSE]
-        if self.data:
-            args += ["--ro-bind", self.data, DATA]
+        if data:
+            args += ["--ro-bind", data, DATA]
         if jobdir is not None:
             args += ["--ro-bind", str(jobdir), JOB, "--size", str(self.caps.out_mb * 2**20), "--tmpfs", f"{JOB}/out"]
         return [*args, "--remount-ro", "/", "--chdir", HOME]
 
     def _start(self, jobdir: Path | None, course: Path | None, python_args: list[str], capture: bool = False,
-               keep_fds: tuple[int, ...] = (), group: Cgroup | None = None):
+               keep_fds: tuple[int, ...] = (), group: Cgroup | None = None, data: str | None = None):
         """Start ``python PYTHON_ARGS`` in the sandbox (a fresh session keyring, the seccomp filter,
         bubblewrap's options through a pipe). Returns the Popen, or, with ``capture``, its finished run."""
         course = course or self.export(None)
-        options = "\0".join(self.bwrap_args(jobdir, course)).encode() + b"\0"
+        options = "\0".join(self.bwrap_args(jobdir, course, data)).encode() + b"\0"
         args_read, args_write = os.pipe()
         filter_fd = seccomp.bpf_file()
         try:
@@ -413,7 +428,8 @@ class Sandbox:
                 if fd >= 0:
                     os.close(fd)
 
-    def job_spec(self, jobdir: Path, limits: Limits, channel_fd: int, course: Path) -> JobSpec:
+    def job_spec(self, jobdir: Path, limits: Limits, channel_fd: int, course: Path,
+                 data: str | None = None) -> JobSpec:
         """What the worker needs to know about where it runs and which per-process limits to set."""
         rlimits: dict[str, int] = {}
         if not self.limiter.startswith("cgroup"):
@@ -426,7 +442,7 @@ class Sandbox:
             rlimits["file_size"] = self.caps.out_mb * 2**20
             home = jobdir / "home"
             home.mkdir()
-            env = environment(str(home), str(home), self.threads, str(course), self.data)
+            env = environment(str(home), str(home), self.threads, str(course), data or self.data)
             return JobSpec.make(limits, workdir=str(home), channel_fd=channel_fd, env=env, rlimits=rlimits,
                                 confine_self=seccomp.available() is None)
         return JobSpec.make(limits, workdir=HOME, channel_fd=channel_fd, rlimits=rlimits)
@@ -450,13 +466,14 @@ class Sandbox:
     def _run(self, jobdir: Path, limits: Limits, wall_seconds: float, lesson: str | None,
              pristine_sources: list[str] | None) -> RunResult:
         course = self.export(lesson, pristine_sources)
+        data = self.data_for(lesson)
         read_fd, write_fd = os.pipe()
         group = Cgroup.create(f"course-grade-{os.getpid()}-{jobdir.name}", self.caps)
         try:
-            self.job_spec(jobdir, limits, write_fd, course).write(jobdir / "job.json")
+            self.job_spec(jobdir, limits, write_fd, course, data).write(jobdir / "job.json")
             worker = ["-m", "course_tools.grading.worker", self.kernel_jobdir(jobdir)]
             if self.enabled:
-                proc = self._start(jobdir, course, worker, keep_fds=(write_fd,), group=group)
+                proc = self._start(jobdir, course, worker, keep_fds=(write_fd,), group=group, data=data)
             else:
                 env = JobSpec.read(jobdir / "job.json").env
                 command = [sys.executable, *worker]

@@ -6,11 +6,22 @@
    output to 1e-4.
 3. ``capstone_no_peeking``: changing tokens from position t on leaves the logits before t unchanged.
 4. ``capstone_training``: the learner's loop trains the learner's model on Shakespeare's characters
-   for a fixed number of steps; the weights come back and the validation loss is computed here, on
-   the trusted side, with the course's causal GPT, so a loop that peeks or reports a wrong loss
-   gains nothing.
+   for a fixed number of steps, from two grader seeds; the weights come back and their loss is
+   computed here, on the trusted side, with the course's causal GPT, on the corpus's last 5 %, which
+   the sandbox never receives (``course_tools.grading.held_out``), in windows at an offset drawn after
+   the weights came back, so a loop that peeks, reports a wrong loss or fits the grader's windows
+   gains nothing. The loop itself is judged from its optimiser trace (``checks.optimizer_trace``):
+   exactly ``steps`` optimiser steps, the learning rate at the warm-up's start and end, halfway
+   through the cosine and at the last step, and the gradients' global norm at most ``grad_clip``;
+   a third case starts from weights whose gradients are about a thousand times too large, where
+   only clipping the global norm gives a norm of exactly ``grad_clip``.
 5. ``capstone_sampling``: generated ids keep the prompt, have the right length and vocabulary,
-   crop the context to ``max_len``, and with ``top_k=1`` follow the reference's greedy path.
+   crop the context to ``max_len``, with ``top_k=1`` follow the reference's greedy path, and over
+   20,000 samples of one next token match softmax(logits / temperature) restricted to the top k.
+
+Each stage judges one model, so each counts only while the stages it builds on pass (``requires``):
+the shapes and equivalence of the modules go together, the others need both (training also no
+peeking). A later stage's feedback then opens by naming the earlier stage that failed.
 
 The learner's modules use PyTorch's names (``nn.LayerNorm`` has ``weight`` and ``bias``); the
 course's have ``gamma`` and ``beta``. ``to_learner_names`` and ``to_reference_names`` are the one
@@ -24,6 +35,7 @@ from __future__ import annotations
 
 import math
 import re
+import secrets
 from functools import lru_cache
 from typing import Any
 
@@ -33,7 +45,8 @@ import torch.nn.functional as F
 
 from course_tools.exercises.checks import Case, exercise, question
 from course_tools.exercises.references._shared import close, known_wrong
-from course_tools.messages import N_, N_n, _
+from course_tools.grading import held_out
+from course_tools.messages import N_, N_n, _, say
 from course_utils import attention, blocks, counting, data, gpt
 from course_utils.generate import next_token_probs
 
@@ -55,9 +68,20 @@ TEACHES = {
 # --- the fixed contract of the training stage (stated in the notebook) --------------------------
 TRAIN_SIZES = {"max_len": 64, "n_layers": 2, "n_heads": 4, "d_model": 64}
 TRAIN_SETTINGS = {"steps": 500, "batch_size": 32, "lr": 1e-2, "warmup_steps": 50, "grad_clip": 1.0}
-THRESHOLD = 2.2  # nats per character on the validation split; the reference reaches about 2.03
-EVAL_BATCHES, EVAL_BATCH = 16, 64  # windows the grader scores: 16 × 64 × 64 = 65,536 characters
+THRESHOLD = 2.2  # nats per character on the held-out text; the reference reaches about 2.03
+TRAINING_SEEDS = 2  # training runs judged, each from its own grader seed
+CLIP_SETTINGS = {"steps": 3, "batch_size": 4, "lr": 1e-3, "warmup_steps": 1, "grad_clip": 1.0}
+CLIP_GAIN = 1000.0  # the final norm's gain in the clipping case: every tensor's gradient ~1,000× too large
+NORM_SLACK = 1e-3  # relative: a clipped norm may exceed grad_clip by clip_grad_norm_'s rounding, no more
 ACTIVATION = "gelu"  # the exact GELU, PyTorch's nn.GELU() default
+
+# What each stage builds on (checks.Exercise.requires): why it means nothing while that one fails.
+BUILT = N_("the modules' names or shapes differ from the interface, so the same weights cannot be compared")
+COMPUTES = N_("a module that differs from the reference (a forward returning zeros, say) can pass this "
+              "stage without computing a GPT")
+CAUSAL = N_("a model that peeks at the next token learns to copy it, so its training proves nothing")
+TRAINS = N_("training a model that differs from the reference is not meaningful: the grader scores your "
+            "weights in the reference model, so its loss is not the one your loop printed")
 
 
 # --- names: PyTorch's LayerNorm (weight, bias) <-> the course's (gamma, beta) ---------------------
@@ -193,7 +217,7 @@ def _shapes_hint(case: Case, got: Any, expected: Any) -> str | None:
     return None
 
 
-@exercise(cases=_shape_cases, function="shapes_of", hints=[_shapes_hint],
+@exercise(cases=_shape_cases, function="shapes_of", hints=[_shapes_hint], requires={"capstone_equivalence": COMPUTES},
           explain=N_("every parameter has the interface's name and shape, and the head adds no parameters: it is "
                      "tied."))
 def capstone_shapes(kind: str, sizes: dict[str, int], x: torch.Tensor) -> tuple[int, tuple[int, ...], list[str]]:
@@ -258,6 +282,7 @@ def _equivalence_hint(case: Case, got: Any, expected: Any) -> str | None:
 
 
 @exercise(cases=_equivalence_cases, function="outputs_with", atol=1e-4, rtol=1e-4, hints=[_equivalence_hint],
+          requires={"capstone_shapes": BUILT},
           explain=N_("with the same weights your modules compute the same function as the course's, to 1e-4."))
 def capstone_equivalence(kind: str, sizes: dict[str, int], state: dict[str, torch.Tensor], x: torch.Tensor) \
         -> torch.Tensor:
@@ -302,6 +327,7 @@ def _peeking_verdict(case: Case, got: Any, expected: Any) -> tuple[bool, str]:
 
 
 @exercise(cases=_peeking_cases, function="logits_pair", verdict=_peeking_verdict,
+          requires={"capstone_shapes": BUILT, "capstone_equivalence": COMPUTES},
           explain=N_("a token's logits depend only on it and the tokens before it: training on all positions at once "
                      "is fair."))
 @torch.no_grad()
@@ -317,37 +343,73 @@ def capstone_no_peeking(sizes: dict[str, int], idx: torch.Tensor, changed: torch
 
 @lru_cache(maxsize=1)
 def shakespeare_splits() -> tuple[int, torch.Tensor]:
-    """(vocabulary size, validation ids) of the character-level Shakespeare split the notebook uses:
-    one id per distinct character in sorted order, the last 10 % of the text for validation."""
+    """(vocabulary size, held-out ids): one id per distinct character of the whole corpus in sorted
+    order (the sandbox's excerpt has the same 84), and the corpus's last ``held_out.HELD_OUT`` share,
+    which the sandbox never receives."""
     text = data.shakespeare()
     chars = sorted(set(text))
     stoi = {c: i for i, c in enumerate(chars)}
-    ids = torch.tensor([stoi[c] for c in text], dtype=torch.long)
-    return len(chars), data.train_val_split(ids)[1]
+    tail = held_out.split(text, held_out.fraction("11"))[1]
+    return len(chars), torch.tensor([stoi[c] for c in tail], dtype=torch.long)
 
 
 @torch.no_grad()
-def validation_loss(model: nn.Module, seed: int) -> float:
-    """Mean next-token cross-entropy of a course GPT over EVAL_BATCHES fixed windows of the split."""
-    _, val = shakespeare_splits()
-    gen = torch.Generator().manual_seed(seed)
+def held_out_loss(model: gpt.GPT, offset: int | None = None) -> float:
+    """Mean next-token cross-entropy of a course GPT over every window of the held-out text, the windows
+    starting at ``offset`` (default: a secret one, drawn now, after the weights were returned)."""
+    _, tail = shakespeare_splits()
     block = model.config.max_len
+    offset = secrets.randbelow(block) if offset is None else offset
+    starts = offset + block * torch.arange((len(tail) - 1 - offset) // block)
     total = 0.0
-    for _ in range(EVAL_BATCHES):
-        starts = torch.randint(len(val) - block, (EVAL_BATCH,), generator=gen)
-        windows = val[starts[:, None] + torch.arange(block + 1)]
+    for chunk in starts.split(512):
+        windows = tail[chunk[:, None] + torch.arange(block + 1)]
         logits, _ = model(windows[:, :-1])
-        total += F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten()).item()
-    return total / EVAL_BATCHES
+        total += F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten(), reduction="sum").item()
+    return total / (len(starts) * block)
+
+
+def reference_lr(step: int, steps: int, lr: float, warmup_steps: int) -> float:
+    """The contract's schedule: linear warm-up to lr over warmup_steps, then a cosine to lr / 10."""
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, steps - warmup_steps)
+    return lr / 10 + 0.5 * (1 + math.cos(math.pi * progress)) * (lr - lr / 10)
+
+
+def schedule_points(settings: dict[str, Any]) -> list[tuple[int, str, float]]:
+    """(step, what it is, tolerance) where the loop's learning rate is checked: the warm-up's start and
+    end (within one warm-up increment, so a warm-up from 0 or from lr / warmup_steps both pass), halfway
+    through the cosine and the last step (within 2 % of lr)."""
+    steps, lr, warmup = settings["steps"], settings["lr"], settings["warmup_steps"]
+    step_size = lr / warmup
+    return [(0, N_("the warm-up's start"), step_size), (warmup - 1, N_("the warm-up's end"), step_size),
+            (warmup + (steps - warmup) // 2, N_("halfway through the cosine"), 0.02 * lr),
+            (steps - 1, N_("the last step"), 0.02 * lr)]
+
+
+def _clip_init(gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Training-stage weights whose final norm has gain and bias CLIP_GAIN times their size: the logits,
+    and so every tensor's gradient, are about a thousand times larger than at a usual start."""
+    state = _random_state(reference_module("gpt", dict(TRAIN_SIZES, vocab_size=shakespeare_splits()[0])), gen)
+    state["final_norm.gamma"] = CLIP_GAIN * state["final_norm.gamma"]
+    state["final_norm.beta"] = CLIP_GAIN * state["final_norm.beta"]
+    return to_learner_names(state)
 
 
 def _training_cases(gen: torch.Generator) -> list[Case]:
-    seed = int(torch.randint(2**30, (1,), generator=gen))
-    settings = dict(TRAIN_SETTINGS, seed=seed)
-    shown = ", ".join(f"{k}={v}" for k, v in TRAIN_SETTINGS.items())
     sizes = ", ".join(f"{k}={v}" for k, v in TRAIN_SIZES.items())
-    return [Case(N_("train_gpt on Shakespeare's characters, GPT({sizes}), {settings}", sizes=sizes, settings=shown),
-                 (dict(TRAIN_SIZES), settings))]
+    clip = dict(CLIP_SETTINGS, seed=int(torch.randint(2**30, (1,), generator=gen)))
+    cases = [Case(N_("train_gpt for {steps} steps from weights whose gradients are about 1,000 times too large, "
+                     "grad_clip={grad_clip}", steps=clip["steps"], grad_clip=clip["grad_clip"]),
+                  (dict(TRAIN_SIZES), clip, _clip_init(gen)))]
+    shown = ", ".join(f"{k}={v}" for k, v in TRAIN_SETTINGS.items())
+    for run in range(1, TRAINING_SEEDS + 1):
+        settings = dict(TRAIN_SETTINGS, seed=int(torch.randint(2**30, (1,), generator=gen)))
+        cases.append(Case(N_("train_gpt on Shakespeare's characters, GPT({sizes}), {settings}, grader seed {run} of "
+                             "{runs}", sizes=sizes, settings=shown, run=run, runs=TRAINING_SEEDS),
+                          (dict(TRAIN_SIZES), settings)))
+    return cases
 
 
 def trained_reference_model(state: Any) -> gpt.GPT:
@@ -371,16 +433,78 @@ def trained_reference_model(state: Any) -> gpt.GPT:
     return model.eval()
 
 
+def _counted(trace: Any, settings: dict[str, Any]) -> str | None:
+    """What is wrong with the number of optimiser steps the trace holds, else None."""
+    if not isinstance(trace, torch.Tensor) or trace.dim() != 2 or trace.shape[1] != 2 or trace.is_complex():
+        return _("the grader's record of your optimiser steps is malformed")
+    if trace.shape[0] == 0:
+        return _("the grader counted no optimizer.step(): update the weights with a torch.optim optimiser "
+                 "(torch.optim.AdamW, or your own torch.optim.Optimizer)")
+    if trace.shape[0] != settings["steps"]:
+        return _("the grader counted {counted} optimizer.step() calls; the contract is exactly steps={steps}",
+                 counted=trace.shape[0], steps=settings["steps"])
+    return None
+
+
+def _loop_problem(trace: torch.Tensor, settings: dict[str, Any]) -> str | None:
+    """The first way the loop's trace breaks the contract (step count, schedule, clipping), else None."""
+    wrong = _counted(trace, settings)
+    if wrong:
+        return wrong
+    for step, where, tolerance in schedule_points(settings):
+        want = reference_lr(step, settings["steps"], settings["lr"], settings["warmup_steps"])
+        got = float(trace[step, 0])
+        if not abs(got - want) <= tolerance:
+            return _("at step {step} ({where}) the learning rate was {got:.3g}, expected about {want:.3g}: warm up "
+                     "linearly to lr over warmup_steps, then follow a cosine from lr to lr / 10 over the remaining "
+                     "steps", step=step, where=say(where), got=got, want=want)
+    over = (~(trace[:, 1] <= settings["grad_clip"] * (1 + NORM_SLACK))).nonzero()
+    if len(over):
+        step = int(over[0])
+        return _("at step {step} the gradients' global norm was {norm:.3g} > grad_clip={clip}: clip the norm of all "
+                 "gradients together before optimizer.step()", step=step, norm=float(trace[step, 1]),
+                 clip=settings["grad_clip"])
+    return None
+
+
+def _clipping_verdict(trace: Any, settings: dict[str, Any]) -> tuple[bool, str]:
+    """The large-gradient case: every step's global norm must be exactly grad_clip."""
+    wrong = _counted(trace, settings)
+    if wrong:
+        return False, wrong
+    clip, norms = settings["grad_clip"], trace[:, 1]
+    tensors = len(reference_module("gpt", dict(TRAIN_SIZES, vocab_size=shakespeare_splits()[0])).state_dict())
+    if bool(((norms - clip).abs() <= clip * NORM_SLACK).all()):
+        return True, _("every step's gradients clipped to a global norm of {clip}", clip=clip)
+    norm = float(norms[int((~((norms - clip).abs() <= clip * NORM_SLACK)).nonzero()[0])])
+    if clip < norm <= clip * math.sqrt(tensors) * (1 + NORM_SLACK):
+        return False, _("the global norm was {norm:.3g}, not grad_clip={clip}: each tensor was clipped on its own; "
+                        "clip the norm of all gradients together (torch.nn.utils.clip_grad_norm_(model.parameters(), "
+                        "grad_clip))", norm=norm, clip=clip)
+    if norm > clip:
+        return False, _("the global norm was {norm:.3g}, not grad_clip={clip}: the gradients were not clipped",
+                        norm=norm, clip=clip)
+    return False, _("the global norm was {norm:.3g}, below grad_clip={clip}: scale all gradients by grad_clip / their "
+                    "global norm, only when that norm exceeds grad_clip", norm=norm, clip=clip)
+
+
 def _training_verdict(case: Case, got: Any, expected: Any) -> tuple[bool, str]:
+    state, trace = got if isinstance(got, tuple) and len(got) == 2 else (got, None)
+    settings = case.args[1]
+    if len(case.args) == 3:
+        return _clipping_verdict(trace, settings)
     try:
-        model = trained_reference_model(got)
+        model = trained_reference_model(state)
     except ValueError as exc:  # its message is a Message: given in the learner's language by the checker
         return False, exc.args[0]
-    loss = validation_loss(model, case.args[1]["seed"])
+    wrong = _loop_problem(trace, settings)
+    if wrong:
+        return False, wrong
+    loss = held_out_loss(model)
     if not math.isfinite(loss):
-        return False, _("the validation loss is not finite: the weights hold NaN or inf (did the loss diverge?)")
+        return False, _("the held-out loss is not finite: the weights hold NaN or inf (did the loss diverge?)")
     if loss < THRESHOLD:
-        return True, _("validation loss {loss:.3f} (the grader's, with a causal reference model) < {threshold}",
+        return True, _("held-out loss {loss:.3f} (the grader's, with a causal reference model) < {threshold}",
                        loss=loss, threshold=THRESHOLD)
     vocab = shakespeare_splits()[0]
     if loss > math.log(vocab) + 0.5:
@@ -393,19 +517,79 @@ def _training_verdict(case: Case, got: Any, expected: Any) -> tuple[bool, str]:
     else:
         why = N_("close but not there: warm the learning rate up linearly over warmup_steps before the cosine "
                         "decay, and clip the gradient norm to grad_clip")
-    return False, _("validation loss {loss:.3f} ≥ {threshold} — {why}", loss=loss, threshold=THRESHOLD, why=why)
+    return False, _("held-out loss {loss:.3f} ≥ {threshold} — {why}. The grader measures the reference model holding "
+                    "your weights on text your loop never receives, with its own seed and windows: that moves the "
+                    "loss a few hundredths from your printout; much more means the model it loads is not the one "
+                    "your loop trained", loss=loss, threshold=THRESHOLD, why=say(why))
 
 
-@exercise(cases=_training_cases, function="trained_weights", verdict=_training_verdict,
+@exercise(cases=_training_cases, function="trained_weights", verdict=_training_verdict, traced=True,
+          requires={"capstone_shapes": BUILT, "capstone_equivalence": TRAINS, "capstone_no_peeking": CAUSAL},
           explain=N_("{train_settings_steps} steps of AdamW with warm-up, cosine decay and clipping take the model "
                      "well below a character bigram's validation loss: it uses its context.",
                      train_settings_steps=TRAIN_SETTINGS['steps']))
-def capstone_training(sizes: dict[str, int], settings: dict[str, Any]) -> float:
-    """The threshold the grader's validation loss must beat (judged by ``_training_verdict``)."""
+def capstone_training(sizes: dict[str, int], settings: dict[str, Any], init: dict | None = None) -> float:
+    """The threshold the grader's held-out loss must beat (judged by ``_training_verdict``)."""
     return THRESHOLD
 
 
 # --- stage 5: sampling ----------------------------------------------------------------------------
+
+# The distribution cases: DRAWS rows of one prompt, one new token each; the sampled frequencies must lie
+# within TOLERANCE of the reference's probabilities for every token. By Hoeffding's inequality and a union
+# bound over the V tokens, a correct sampler misses that with probability at most 2·V·exp(−2·DRAWS·TOLERANCE²)
+# = FALSE_FAILURE per case (so below 2e-9 for the stage's two cases). Each case is drawn where a sampler that
+# ignores the option it tests (the temperature, the top-k) moves some token's probability by at least
+# 3·TOLERANCE, so such a sampler fails it unless its frequencies stray twice as far, which is rarer still.
+DRAWS = 20_000
+FALSE_FAILURE = 1e-9
+DISTRIBUTIONS = (({"temperature": 0.5}, "temperature"), ({"temperature": 0.8, "top_k": 5}, "top_k"))
+
+
+def sampling_tolerance(vocab: int, draws: int = DRAWS, false_failure: float = FALSE_FAILURE) -> float:
+    """The largest |frequency − probability| a correct sampler exceeds with probability ≤ false_failure."""
+    return math.sqrt(math.log(2 * vocab / false_failure) / (2 * draws))
+
+
+@torch.no_grad()
+def next_token_distribution(sizes: dict[str, int], state: dict[str, torch.Tensor], prompt: torch.Tensor,
+                            temperature: float = 1.0, top_k: int | None = None) -> torch.Tensor:
+    """The reference's probabilities (V,) for the token after ``prompt`` (T,): softmax(logits / temperature)
+    over the top_k largest logits, 0 elsewhere."""
+    model = reference_module("gpt", sizes)
+    model.load_state_dict(to_reference_names(state))
+    logits = model(prompt[None, -sizes["max_len"]:])[0][0, -1] / temperature
+    if top_k is not None:
+        logits = logits.masked_fill(logits < logits.topk(top_k).values[-1], float("-inf"))
+    return logits.softmax(-1)
+
+
+def _wrong_samplers(sizes: dict, state: dict, prompt: torch.Tensor, options: dict) -> dict[str, torch.Tensor]:
+    """The distributions a sampler gives that ignores the temperature, or the top-k (those the case sets)."""
+    wrong = {}
+    if options.get("temperature", 1.0) != 1.0:
+        wrong["temperature"] = next_token_distribution(sizes, state, prompt, top_k=options.get("top_k"))
+    if options.get("top_k") is not None:
+        wrong["top_k"] = next_token_distribution(sizes, state, prompt, options.get("temperature", 1.0))
+    return wrong
+
+
+def _distribution_case(sizes: dict[str, int], options: dict[str, Any], tested: str, gen: torch.Generator) -> Case:
+    """One prompt repeated DRAWS times, on weights where a sampler that ignores the ``tested`` option is
+    far from the right one (the logits are scaled up by the final norm until it is)."""
+    bound = 3 * sampling_tolerance(sizes["vocab_size"])
+    state = to_learner_names(_random_state(reference_module("gpt", sizes), gen))
+    prompt = torch.randint(sizes["vocab_size"], (4,), generator=gen)
+    for _attempt in range(8):
+        right = next_token_distribution(sizes, state, prompt, **options)
+        if float((_wrong_samplers(sizes, state, prompt, options)[tested] - right).abs().max()) >= bound:
+            break
+        state = dict(state, **{k: 1.5 * v for k, v in state.items() if k.startswith("final_norm.")})
+    else:
+        raise RuntimeError("no distribution case separates the wrong samplers; draw with another seed")
+    shown = ", ".join(f"{k}={v}" for k, v in options.items())
+    return Case(N_("generate(the same prompt {draws} times, max_new_tokens=1, {shown})", draws=DRAWS, shown=shown),
+                (sizes, state, prompt.expand(DRAWS, -1).clone(), 1, dict(options)))
 
 
 def _sampling_cases(gen: torch.Generator) -> list[Case]:
@@ -419,7 +603,7 @@ def _sampling_cases(gen: torch.Generator) -> list[Case]:
         cases.append(Case(N_("generate(prompt {idx_shape}, max_new_tokens={new}, {shown}), max_len {sizes_max_len}",
                              idx_shape=tuple(idx.shape), new=new, shown=shown, sizes_max_len=sizes['max_len']),
                           (sizes, state, idx, new, options)))
-    return cases
+    return cases + [_distribution_case(sizes, options, tested, gen) for options, tested in DISTRIBUTIONS]
 
 
 @torch.no_grad()
@@ -431,6 +615,36 @@ def greedy(sizes: dict[str, int], state: dict[str, torch.Tensor], idx: torch.Ten
         logits = model(idx[:, -sizes["max_len"]:])[0]
         idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     return idx
+
+
+def _distribution_verdict(case: Case, got: torch.Tensor) -> tuple[bool, str]:
+    """The sampled next tokens against the reference's distribution (see DRAWS)."""
+    sizes, state, idx, _new, options = case.args
+    right = next_token_distribution(sizes, state, idx[0], **options)
+    counts = torch.bincount(got[:, -1].long(), minlength=sizes["vocab_size"]).double()
+    outside = ((counts > 0) & (right == 0)).nonzero()
+    if len(outside):
+        token = int(outside[0])
+        return False, _("token {token} was sampled {count:.0f} times but is not among the top_k={top_k}: set every "
+                        "logit below the k-th largest to -inf before the softmax", token=token,
+                        count=float(counts[token]), top_k=options.get("top_k"))
+    frequency, tolerance = counts / len(got), sampling_tolerance(sizes["vocab_size"])
+    gap = (frequency - right).abs()
+    if float(gap.max()) <= tolerance:
+        return True, _("{draws} samples within {tolerance:.3f} of softmax(logits / temperature) over the top k",
+                       draws=len(got), tolerance=tolerance)
+    token = int(gap.argmax())
+    detail = _("token {token} was sampled with frequency {got:.3f}, the reference's probability is {want:.3f} "
+               "(a correct sampler stays within {tolerance:.3f})", token=token, got=float(frequency[token]),
+               want=float(right[token]), tolerance=tolerance)
+    nearest = min(_wrong_samplers(sizes, state, idx[0], options).items(),
+                  key=lambda item: float((frequency - item[1]).abs().max()), default=None)
+    if nearest and float((frequency - nearest[1]).abs().max()) <= tolerance:
+        fix = (N_("divide the logits by the temperature before the softmax") if nearest[0] == "temperature" else
+               N_("keep only the top_k largest logits"))
+        detail = _("{detail} — these are the frequencies of a sampler that ignores {option}: {fix}", detail=detail,
+                   option=nearest[0], fix=fix)
+    return False, detail
 
 
 def _sampling_verdict(case: Case, got: Any, expected: Any) -> tuple[bool, str]:
@@ -445,6 +659,8 @@ def _sampling_verdict(case: Case, got: Any, expected: Any) -> tuple[bool, str]:
         return False, _("the prompt is not kept: return torch.cat([idx, new_tokens], dim=1)")
     if int(got.min()) < 0 or int(got.max()) >= sizes["vocab_size"]:
         return False, _("ids outside the vocabulary [0, {sizes_vocab_size})", sizes_vocab_size=sizes['vocab_size'])
+    if idx.shape[0] == DRAWS:
+        return _distribution_verdict(case, got)
     if options.get("top_k") == 1 and not torch.equal(got.long(), expected):
         wrong = int((got.long() != expected).any(0).nonzero()[0])
         if shape[1] > sizes["max_len"]:
@@ -459,10 +675,17 @@ def _sampling_verdict(case: Case, got: Any, expected: Any) -> tuple[bool, str]:
 
 
 @exercise(cases=_sampling_cases, function="sampled", verdict=_sampling_verdict,
-          explain=N_("one token at a time from the last position's distribution, the context cropped to max_len."))
+          requires={"capstone_shapes": BUILT, "capstone_equivalence": COMPUTES},
+          explain=N_("one token at a time from the last position's distribution at the temperature, over the top k, "
+                     "the context cropped to max_len."))
 def capstone_sampling(sizes: dict[str, int], state: dict[str, torch.Tensor], idx: torch.Tensor, new: int,
                       options: dict[str, Any]) -> torch.Tensor:
-    """The greedy continuation (what ``top_k=1`` must give; other cases are judged on form only)."""
+    """The greedy continuation (what ``top_k=1`` must give; other cases are judged on form only), or for a
+    distribution case the prompts followed by tokens drawn from the reference's distribution."""
+    if idx.shape[0] == DRAWS:
+        probs = next_token_distribution(sizes, state, idx[0], **options)
+        drawn = torch.multinomial(probs, DRAWS, replacement=True, generator=torch.Generator().manual_seed(0))
+        return torch.cat([idx, drawn[:, None]], dim=1)
     return greedy(sizes, state, idx, new)
 
 
