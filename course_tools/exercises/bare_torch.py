@@ -10,7 +10,7 @@ grader's ``kernel_side.Answerer`` in the sandbox):
 * every public callable of ``torch.nn.functional`` and ``torch._C._nn``, the ``torch.*`` and
   ``torch.special.*`` functions that compute a whole layer or loss (``TORCH_FUNCTIONS``), the same
   ``Tensor`` methods and the ``torch.ops.aten`` packets behind them are replaced by stubs that raise
-  ``FORBIDDEN_MESSAGE``: a PyTorch layer called the usual way (``nn.Linear(...)(x)`` calls
+  ``forbidden_message``: a PyTorch layer called the usual way (``nn.Linear(...)(x)`` calls
   ``F.linear``) raises too;
 * a global forward pre-hook checks the class of every module called: its whole MRO must be classes
   the learner defined (``__module__ == "__main__"``, the notebook) or ``ALLOWED``, so a PyTorch layer,
@@ -18,6 +18,8 @@ grader's ``kernel_side.Answerer`` in the sandbox):
 * a global optimiser pre-step hook does the same for every ``torch.optim.Optimizer`` that steps
   (``torch.optim.AdamW``, a subclass of it, another library's optimiser);
 * on leaving, every stub and hook must still be in place: a function that undid the guard errs.
+
+Its messages (``forbidden_message``) are in the learner's language (``course_tools.messages``).
 
 What it does not stop, and what does: a reference captured *before* the guard (``lin = F.linear`` in
 a cell) keeps the real function, and the learner's code shares this kernel, so it could switch the
@@ -38,10 +40,9 @@ import torch.nn.functional as F
 import torch.nn.modules.module as module_hooks
 import torch.optim.optimizer as optimizer_hooks
 
+from course_tools.messages import _
+
 PREFIX = "metal_"
-FORBIDDEN_MESSAGE = ("{name} is not available on the from-the-metal track: write it from tensor operations "
-                     "(torch.nn, torch.nn.functional and torch.optim are off limits but for nn.Parameter, "
-                     "nn.Module, nn.ModuleList, nn.ModuleDict and optim.Optimizer)")
 ALLOWED = (torch.nn.Parameter, torch.nn.Module, torch.nn.ModuleList, torch.nn.ModuleDict, torch.optim.Optimizer,
            object)
 # torch.* functions that compute a whole layer, loss or optimiser step (F's functions call most of them)
@@ -66,9 +67,16 @@ def guarded(name: str) -> bool:
     return name.startswith(PREFIX)
 
 
+def forbidden_message(name: str) -> str:
+    """Why ``name`` raised, in the learner's language."""
+    return _("{name} is not available on the from-the-metal track: write it from tensor operations (torch.nn, "
+             "torch.nn.functional and torch.optim are off limits but for nn.Parameter, nn.Module, nn.ModuleList, "
+             "nn.ModuleDict and optim.Optimizer)", name=name)
+
+
 def _stub(name: str) -> Any:
     def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise ForbiddenOnMetal(FORBIDDEN_MESSAGE.format(name=name))
+        raise ForbiddenOnMetal(forbidden_message(name))
 
     refuse.__name__ = name.rsplit(".", 1)[-1]
     return refuse
@@ -85,7 +93,7 @@ def foreign_class(cls: type) -> type | None:
 def _check_module(module: torch.nn.Module, *args: Any) -> None:
     foreign = foreign_class(type(module))
     if foreign is not None:
-        raise ForbiddenOnMetal(FORBIDDEN_MESSAGE.format(name=f"{foreign.__module__}.{foreign.__qualname__}"))
+        raise ForbiddenOnMetal(forbidden_message(f"{foreign.__module__}.{foreign.__qualname__}"))
 
 
 def _check_optimizer(optimizer: torch.optim.Optimizer, *args: Any) -> None:
@@ -116,21 +124,21 @@ def guard() -> Iterator[None]:
     for owner, attribute, qualified in _targets():
         saved.append((owner, attribute, owner.__dict__.get(attribute, _MISSING) if isinstance(owner, type)
                       else getattr(owner, attribute), _stub(qualified)))
-    for owner, attribute, _, stub in saved:
+    for owner, attribute, _original, stub in saved:
         setattr(owner, attribute, stub)
     module_hook = module_hooks.register_module_forward_pre_hook(_check_module)
     optimizer_hook = optimizer_hooks.register_optimizer_step_pre_hook(_check_optimizer)
     try:
         yield
-        intact = all(getattr(owner, attribute, None) is stub for owner, attribute, _, stub in saved) and \
+        intact = all(getattr(owner, attribute, None) is stub for owner, attribute, _original, stub in saved) and \
             module_hooks._global_forward_pre_hooks.get(module_hook.id) is _check_module and \
             optimizer_hooks._global_optimizer_pre_hooks.get(optimizer_hook.id) is _check_optimizer
         if not intact:
-            raise ForbiddenOnMetal("the from-the-metal guard was changed while the answer ran")
+            raise ForbiddenOnMetal(_("the from-the-metal guard was changed while the answer ran"))
     finally:
         module_hook.remove()
         optimizer_hook.remove()
-        for owner, attribute, original, _ in reversed(saved):
+        for owner, attribute, original, _stub_fn in reversed(saved):
             if original is _MISSING:
                 with contextlib.suppress(AttributeError):
                     delattr(owner, attribute)

@@ -792,7 +792,8 @@ def _schedule_cases(gen: torch.Generator) -> list[Case]:
         middle = warmup + (steps - warmup) // 2
         at = sorted({0, warmup // 2, warmup - 1, warmup, middle, steps - 1,
                      int(torch.randint(warmup, steps, (1,), generator=gen))})
-        label = N_("the rate at steps {at} of {steps} (warm-up {warmup})", at=at, steps=steps, warmup=warmup)
+        label = N_("the rate at the warm-up's first and last steps, the cosine's first, middle and last, and one "
+                   "step drawn at random")
         cases.append(Case(label, (steps, lr, warmup, at)))
     return cases
 
