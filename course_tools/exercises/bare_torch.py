@@ -9,7 +9,8 @@ grader's ``kernel_side.Answerer`` in the sandbox):
 
 * every public callable of ``torch.nn.functional`` and ``torch._C._nn``, the ``torch.*`` and
   ``torch.special.*`` functions that compute a whole layer or loss (``TORCH_FUNCTIONS``), the same
-  ``Tensor`` methods and the ``torch.ops.aten`` packets behind them are replaced by stubs that raise
+  ``Tensor`` methods and the ``torch.ops.aten`` packets behind them (their overloads, ``.default``, stay
+  readable for PyTorch's own imports) are replaced by stubs that raise
   ``forbidden_message``: a PyTorch layer called the usual way (``nn.Linear(...)(x)`` calls
   ``F.linear``) raises too;
 * a global forward pre-hook checks the class of every module called: its whole MRO must be classes
@@ -82,6 +83,20 @@ def _stub(name: str) -> Any:
     return refuse
 
 
+class _RefusingPacket:
+    """A ``torch.ops.aten`` packet that refuses to be called but lends its overloads (``.default``) to
+    PyTorch's own modules, some of which read them when they are first imported."""
+
+    def __init__(self, packet: Any, name: str) -> None:
+        self._packet, self._refuse = packet, _stub(name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._refuse(*args, **kwargs)
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self._packet, attribute)
+
+
 def foreign_class(cls: type) -> type | None:
     """The first class of ``cls``'s MRO neither defined in the notebook nor in ``ALLOWED``, else None."""
     for base in cls.__mro__:
@@ -122,8 +137,9 @@ def guard() -> Iterator[None]:
     a ``ForbiddenOnMetal`` names what was used, and tampering with the guard is an error on leaving."""
     saved = []
     for owner, attribute, qualified in _targets():
-        saved.append((owner, attribute, owner.__dict__.get(attribute, _MISSING) if isinstance(owner, type)
-                      else getattr(owner, attribute), _stub(qualified)))
+        original = owner.__dict__.get(attribute, _MISSING) if isinstance(owner, type) else getattr(owner, attribute)
+        stub = _RefusingPacket(original, qualified) if owner is torch.ops.aten else _stub(qualified)
+        saved.append((owner, attribute, original, stub))
     for owner, attribute, _original, stub in saved:
         setattr(owner, attribute, stub)
     module_hook = module_hooks.register_module_forward_pre_hook(_check_module)
