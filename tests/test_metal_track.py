@@ -282,3 +282,12 @@ def test_the_solution_pieces_pass_every_metal_stage_under_the_guard():
     for name in [n for n in checks.REGISTRY if n.startswith("metal_") and n != "metal_training"]:
         result = checks.run(name, namespace[checks.get(name).function], seed=5)
         assert result.status == checks.PASS, result.report()
+
+
+def test_a_submission_without_the_track_is_not_flagged_for_it():
+    parsed = _parsed(STATIC_ATTACKS["gc in a base-track cell"])
+    _, points = submission.exercise_cells(_base())
+    sub = Submission(file="x.ipynb", student="x", lesson=LESSON)
+    sub.exercises = [ExerciseScore(name, 0 if name.startswith("metal_") else p, p, "ok") for name, p in points.items()]
+    assert not metal.apply(sub, parsed, _base())
+    assert all(e.status == "ok" for e in sub.exercises)

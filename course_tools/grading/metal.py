@@ -226,9 +226,10 @@ def _metal_functions(base) -> list[str]:
 
 def apply(sub, parsed, base) -> bool:
     """Score 0 on every metal stage of ``sub`` when ``violations`` finds anything (the first reason is
-    its status); True if it did (the caller flags the submission)."""
+    its status); True if it did (the caller flags the submission). A submission that scored nothing on
+    the track (it did not take it) is left as it is: its base-track cells may use what the track forbids."""
     metal = [score for score in sub.exercises if bare_torch.guarded(score.name)]
-    if not metal:
+    if not any(score.points for score in metal):  # a learner who left the track out is not flagged for it
         return False
     found = violations(base, parsed)
     if not found:
