@@ -8,6 +8,7 @@ across processes: cases are drawn and compared in the grader, the learner's kern
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import secrets
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from course_tools.exercises import bare_torch
 from course_tools.messages import N_, _, say
 
 # N_: the feedback shows them translated (course_tools.messages); the values stay English
@@ -455,7 +457,8 @@ def run(name: str, fn: Callable, seed: int | None = None) -> CheckResult:
     outcomes = []
     for case in cases:
         expected = call(ex.reference, case)
-        with optimizer_trace() as steps:
+        with optimizer_trace() as steps, \
+                bare_torch.guard() if bare_torch.guarded(name) else contextlib.nullcontext():
             status, got = attempt(fn, _clone(case.args), _clone(case.kwargs))
         if status == ATTEMPT_NONE:
             outcomes.append(not_attempted(case))

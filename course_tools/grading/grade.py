@@ -36,7 +36,7 @@ import torch
 
 from course_tools import messages
 from course_tools.exercises import checks
-from course_tools.grading import alike, results, shortcuts, submission
+from course_tools.grading import alike, metal, results, shortcuts, submission
 from course_tools.grading.job import Limits, RunReport
 from course_tools.grading.report import PENDING, ExerciseScore, Gradebook, Submission, table
 from course_tools.grading.sandbox import Caps, Sandbox, SandboxError
@@ -281,6 +281,8 @@ def grade_parsed(sub: Submission, parsed: submission.Parsed, base: nbformat.Note
         sub.flags.append(REFERENCE_FLAG)
     if shortcuts.apply(sub, parsed, base):
         sub.flags.append(shortcuts.FLAG)
+    if metal.apply(sub, parsed, base):
+        sub.flags.append(metal.FLAG)
     sub.status = overall_status(sub, job, run.status)
 
 

@@ -7,10 +7,11 @@ it; the grader treats what comes back as untrusted data (``course_tools.grading.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 
-from course_tools.exercises import checks
+from course_tools.exercises import bare_torch, checks
 from course_tools.grading import results
 
 MESSAGE_CHARS = 300  # of an error's one line, kept in the record the grader reads
@@ -50,8 +51,12 @@ class Answerer:
             answers: dict = {"kind": "missing", "function": function}
         else:
             try:
-                answers = {"kind": "cases", "results": [one_case(fn, args, kwargs) for args, kwargs in cases]}
+                with bare_torch.guard() if bare_torch.guarded(name) else contextlib.nullcontext():
+                    answers = {"kind": "cases", "results": [one_case(fn, args, kwargs) for args, kwargs in cases]}
             except KeyboardInterrupt:  # the worker interrupts a cell that runs past its time limit
                 answers = {"kind": "timeout"}
+            except bare_torch.ForbiddenOnMetal as exc:  # the guard was undone: no case of it counts
+                error = {"status": checks.ATTEMPT_ERROR, "message": checks.error_line(exc)[:MESSAGE_CHARS]}
+                answers = {"kind": "cases", "results": [error for _ in cases]}
         with open(os.path.join(self.jobdir, "out", results.file_name(name)), "wb") as f:
             f.write(results.encode(answers))

@@ -782,3 +782,339 @@ def peeking_verdict() -> str:
     """Experiment: which of four outcomes the peeking run measures (the loss without the mask, against the causal
     loss of the same weights)."""
     return "d"
+
+
+# --- the from-the-metal track: the pieces without torch.nn, torch.nn.functional or torch.optim -------
+# Each piece is compared with PyTorch's own on random inputs, its value and the gradients that a random
+# upstream gradient sends back. The learner's functions run under course_tools.exercises.bare_torch's
+# guard (every exercise named metal_*), and the grader's static check (course_tools.grading.metal) reads
+# the metal answer cells; the reference side below may use PyTorch freely: it runs in the grader.
+
+METAL_EPS = 1e-5  # LayerNorm's epsilon, as nn.LayerNorm's default
+METAL_ADAMW_STEPS = 6
+METAL_TRAIN_SETTINGS = dict(TRAIN_SETTINGS)  # the same contract and threshold as stage 4
+
+
+def _value_and_grads(fn: Any, inputs: list[torch.Tensor], grad_out: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(fn(*inputs), the gradient of sum(fn(...) · grad_out) for each floating-point input)."""
+    leaves = [t.clone().requires_grad_(t.is_floating_point()) for t in inputs]
+    out = fn(*leaves)
+    (out * grad_out).sum().backward()
+    return (out.detach(), *(t.grad for t in leaves if t.is_floating_point()))
+
+
+def _metal_label(piece: str, shapes: dict[str, Any]) -> str:
+    args = ", ".join(f"{k} {v}" for k, v in shapes.items())
+    return N_("{piece}: value and gradients on {args}", piece=piece, args=args)
+
+
+def _linear_cases(gen: torch.Generator) -> list[Case]:
+    cases = []
+    for batch, d_in, d_out in [(2, 5, 3), (3, 16, 8), (1, 7, 1)]:
+        x = torch.randn(batch, 4, d_in, generator=gen)
+        weight, bias = torch.randn(d_out, d_in, generator=gen) / math.sqrt(d_in), torch.randn(d_out, generator=gen)
+        grad = torch.randn(batch, 4, d_out, generator=gen)
+        cases.append(Case(_metal_label("Linear", {"x": tuple(x.shape), "weight": tuple(weight.shape)}),
+                          (x, weight, bias, grad)))
+    return cases
+
+
+def _linear_hint(case: Case, got: Any, expected: Any) -> str | None:
+    x, weight, bias, grad = case.args
+    if not isinstance(got, (tuple, list)) or len(got) != 4 or not isinstance(got[0], torch.Tensor):
+        return None
+    if close(got[0], x @ weight.T):
+        return _("the bias is not added: y = x Wᵀ + b")
+    if got[0].shape != expected[0].shape:
+        return _("the weight is stored (d_out, d_in), as nn.Linear stores it: y = x @ weight.T + bias")
+    return None
+
+
+@exercise(cases=_linear_cases, function="metal_linear_run", hints=[_linear_hint],
+          explain=N_("y = x Wᵀ + b with W stored (d_out, d_in); autograd gives the same gradients as nn.Linear's."))
+def metal_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, grad: torch.Tensor) \
+        -> tuple[torch.Tensor, ...]:
+    """(y (B, T, d_out), dL/dx, dL/dweight, dL/dbias) of F.linear for the upstream gradient ``grad``."""
+    return _value_and_grads(F.linear, [x, weight, bias], grad)
+
+
+def _embedding_cases(gen: torch.Generator) -> list[Case]:
+    cases = []
+    for vocab, d, shape in [(11, 4, (2, 6)), (50, 8, (3, 20)), (5, 3, (1, 12))]:
+        idx = torch.randint(vocab, shape, generator=gen)  # short vocabularies: ids repeat, their gradients add
+        weight = torch.randn(vocab, d, generator=gen)
+        grad = torch.randn(*shape, d, generator=gen)
+        cases.append(Case(_metal_label("Embedding", {"idx": shape, "weight": (vocab, d)}), (idx, weight, grad)))
+    return cases
+
+
+def _embedding_hint(case: Case, got: Any, expected: Any) -> str | None:
+    if isinstance(got, (tuple, list)) and len(got) == 2 and close(got[0], expected[0]) and \
+            isinstance(got[1], torch.Tensor) and got[1].shape == expected[1].shape:
+        return _("the rows are right but their gradients are not: index the weight (weight[idx]) so that "
+                 "autograd adds the gradients of repeated ids")
+    return None
+
+
+@exercise(cases=_embedding_cases, function="metal_embedding_run", hints=[_embedding_hint],
+          explain=N_("an embedding is a row lookup, weight[idx]; a row used twice collects both gradients."))
+def metal_embedding(idx: torch.Tensor, weight: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(weight[idx] (B, T, D), dL/dweight) of F.embedding for the upstream gradient ``grad``."""
+    return _value_and_grads(lambda w: F.embedding(idx, w), [weight], grad)
+
+
+def _layer_norm_cases(gen: torch.Generator) -> list[Case]:
+    cases = []
+    for shape, offset in [((2, 5, 8), 0.0), ((3, 4, 16), 0.0), ((2, 3, 6), 100.0)]:
+        x = offset + 3 * torch.randn(shape, generator=gen)
+        d = shape[-1]
+        weight, bias = 1 + 0.2 * torch.randn(d, generator=gen), 0.2 * torch.randn(d, generator=gen)
+        grad = torch.randn(shape, generator=gen)
+        cases.append(Case(_metal_label("LayerNorm", {"x": shape}), (x, weight, bias, grad)))
+    return cases
+
+
+def _layer_norm_hint(case: Case, got: Any, expected: Any) -> str | None:
+    x, weight, bias, _grad = case.args
+    if not isinstance(got, (tuple, list)) or not got or not isinstance(got[0], torch.Tensor):
+        return None
+    unbiased = (x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True) + METAL_EPS).sqrt() * weight + bias
+    if close(got[0], unbiased):
+        return _("that divides the variance by D − 1: LayerNorm uses the biased variance, the mean of (x − μ)²")
+    outside = (x - x.mean(-1, keepdim=True)) / (x.var(-1, unbiased=False, keepdim=True).sqrt() + METAL_EPS)
+    if close(got[0], outside * weight + bias):
+        return _("epsilon goes inside the square root: (x − μ) / √(σ² + eps)")
+    return None
+
+
+@exercise(cases=_layer_norm_cases, function="metal_layer_norm_run", hints=[_layer_norm_hint],
+          explain=N_("normalise over the last axis with the biased variance and eps inside the root, then scale "
+                     "and shift."))
+def metal_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, grad: torch.Tensor) \
+        -> tuple[torch.Tensor, ...]:
+    """(y, dL/dx, dL/dweight, dL/dbias) of F.layer_norm over the last axis, eps 1e-5."""
+    return _value_and_grads(lambda x_, w, b: F.layer_norm(x_, (x.shape[-1],), w, b, METAL_EPS), [x, weight, bias],
+                            grad)
+
+
+def _softmax_cases(gen: torch.Generator) -> list[Case]:
+    cases = []
+    for shape, dim, scale, shift in [((3, 7), -1, 1.0, 0.0), ((2, 4, 5), 1, 2.0, 0.0), ((2, 6), -1, 10.0, 1000.0),
+                                     ((4, 5), 0, 10.0, -1000.0)]:
+        x = shift + scale * torch.randn(shape, generator=gen)
+        label = N_("softmax over dim {dim} of {shape}, logits near {shift:g}", dim=dim, shape=shape, shift=shift)
+        cases.append(Case(label, (x, dim, torch.randn(shape, generator=gen))))
+    return cases
+
+
+def _stability_hint(case: Case, got: Any, expected: Any) -> str | None:
+    tensors = [t for t in (got if isinstance(got, (tuple, list)) else [got]) if isinstance(t, torch.Tensor)]
+    if any(not bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point()):
+        return _("NaN or inf on large logits: subtract the maximum along the axis before exp (it cancels out)")
+    return None
+
+
+@exercise(cases=_softmax_cases, function="metal_softmax_run", hints=[_stability_hint],
+          explain=N_("exp(x − max) / Σ exp(x − max) equals the softmax and never overflows: the largest term is "
+                     "exp(0) = 1."))
+def metal_softmax(x: torch.Tensor, dim: int, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(softmax(x, dim), dL/dx) of torch.softmax for the upstream gradient ``grad``."""
+    return _value_and_grads(lambda x_: torch.softmax(x_, dim), [x], grad)
+
+
+def _cross_entropy_cases(gen: torch.Generator) -> list[Case]:
+    cases = []
+    for n, vocab, scale, shift in [(8, 5, 1.0, 0.0), (32, 84, 3.0, 0.0), (6, 10, 50.0, 5000.0)]:
+        logits = shift + scale * torch.randn(n, vocab, generator=gen)
+        targets = torch.randint(vocab, (n,), generator=gen)
+        label = N_("cross-entropy of logits {shape}, near {shift:g}", shape=(n, vocab), shift=shift)
+        cases.append(Case(label, (logits, targets)))
+    return cases
+
+
+def _cross_entropy_hint(case: Case, got: Any, expected: Any) -> str | None:
+    stable = _stability_hint(case, got, expected)
+    if stable:
+        return _("NaN or inf on large logits: compute log Σ exp(x) as m + log Σ exp(x − m), with m the maximum")
+    if isinstance(got, (tuple, list)) and got and close(got[0], expected[0] * case.args[0].shape[0]):
+        return _("that is the sum over the rows: the loss is their mean")
+    return None
+
+
+@exercise(cases=_cross_entropy_cases, function="metal_cross_entropy_run", hints=[_cross_entropy_hint],
+          explain=N_("the loss of a row is log Σ exp(logits) − logits[target], the log-sum-exp taken with its "
+                     "maximum factored out; the mean over the rows."))
+def metal_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(mean cross-entropy, dL/dlogits) of F.cross_entropy on logits (N, V) and targets (N,)."""
+    leaf = logits.clone().requires_grad_(True)
+    loss = F.cross_entropy(leaf, targets)
+    loss.backward()
+    return loss.detach(), leaf.grad
+
+
+def _adamw_cases(gen: torch.Generator) -> list[Case]:
+    cases = []
+    for shapes, betas, weight_decay in [([(3, 4), (4,)], (0.9, 0.95), 0.1), ([(5,), (2, 3, 2)], (0.8, 0.99), 0.5)]:
+        params = [torch.randn(s, generator=gen) for s in shapes]
+        grads = [[torch.randn(s, generator=gen) for s in shapes] for _ in range(METAL_ADAMW_STEPS)]
+        lrs = [float(v) for v in 0.01 + 0.05 * torch.rand(METAL_ADAMW_STEPS, generator=gen)]  # changes every step
+        options = {"betas": betas, "eps": 1e-8, "weight_decay": weight_decay}
+        label = N_("AdamW, {steps} steps on parameters {shapes}, a new lr each step, betas {betas}, weight decay "
+                   "{weight_decay}", steps=METAL_ADAMW_STEPS, shapes=shapes, betas=betas, weight_decay=weight_decay)
+        cases.append(Case(label, (params, grads, lrs, options)))
+    return cases
+
+
+def _optimised(optimizer_class: type, params: list[torch.Tensor], grads: list[list[torch.Tensor]], lrs: list[float],
+               options: dict[str, Any]) -> list[list[torch.Tensor]]:
+    """The parameters after each step of ``optimizer_class`` fed these gradients and rates."""
+    leaves = [nn.Parameter(p.clone()) for p in params]
+    optimizer = optimizer_class(leaves, lr=lrs[0], foreach=False, **options)
+    out = []
+    for step_grads, lr in zip(grads, lrs, strict=True):
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        for leaf, grad in zip(leaves, step_grads, strict=True):
+            leaf.grad = grad.clone()
+        optimizer.step()
+        out.append([leaf.detach().clone() for leaf in leaves])
+    return out
+
+
+def _adamw_hint(case: Case, got: Any, expected: Any) -> str | None:
+    params, grads, lrs, options = case.args
+    coupled = _optimised(torch.optim.Adam, params, grads, lrs, options)
+    if isinstance(got, (tuple, list)) and len(got) == len(coupled) and all(
+            isinstance(g, (tuple, list)) and len(g) == len(c) and all(close(a, b) for a, b in zip(g, c, strict=True))
+            for g, c in zip(got, coupled, strict=True)):
+        return _("that is Adam with L2 decay (the decay added to the gradient): AdamW decays the weights "
+                 "directly, p ← p − lr · weight_decay · p, apart from the adaptive step")
+    if isinstance(got, (tuple, list)) and got and isinstance(got[0], (tuple, list)) and got[0] and \
+            isinstance(got[0][0], torch.Tensor) and not close(got[0][0], expected[0][0]):
+        return _("the first step already differs: with bias correction the first update is about lr · sign(g), "
+                 "m̂ = m / (1 − β₁ᵗ), v̂ = v / (1 − β₂ᵗ)")
+    return _("the first steps agree and later ones do not: read the learning rate from the parameter group at "
+             "every step (the schedule changes it) and count t per step")
+
+
+@exercise(cases=_adamw_cases, function="metal_adamw_run", hints=[_adamw_hint],
+          explain=N_("decoupled weight decay, moment estimates with bias correction, and the rate read from the "
+                     "parameter group at each step: torch.optim.AdamW's numbers, step by step."))
+def metal_adamw(params: list[torch.Tensor], grads: list[list[torch.Tensor]], lrs: list[float],
+                options: dict[str, Any]) -> list[list[torch.Tensor]]:
+    """The parameters after each of torch.optim.AdamW's steps on these gradients, at these rates."""
+    return _optimised(torch.optim.AdamW, params, grads, lrs, options)
+
+
+def _schedule_cases(gen: torch.Generator) -> list[Case]:
+    cases = []
+    for _case in range(3):
+        warmup = int(torch.randint(5, 60, (1,), generator=gen))
+        steps = warmup + int(torch.randint(40, 600, (1,), generator=gen))
+        lr = float(torch.empty(1).uniform_(1e-3, 3e-2, generator=gen))
+        middle = warmup + (steps - warmup) // 2
+        at = sorted({0, warmup // 2, warmup - 1, warmup, middle, steps - 1,
+                     int(torch.randint(warmup, steps, (1,), generator=gen))})
+        label = N_("the rate at the warm-up's first and last steps, the cosine's first, middle and last, and one "
+                   "step drawn at random")
+        cases.append(Case(label, (steps, lr, warmup, at)))
+    return cases
+
+
+def _schedule_hint(case: Case, got: Any, expected: Any) -> str | None:
+    steps, lr, warmup, at = case.args
+    if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+        return None
+    from_zero = torch.tensor([lr / 10 + 0.45 * lr * (1 + math.cos(math.pi * s / steps)) if s >= warmup
+                              else lr * (s + 1) / warmup for s in at], dtype=torch.float64)
+    if close(got, from_zero):
+        return _("the cosine starts after the warm-up: progress = (step − warmup) / (steps − warmup)")
+    if not close(got[:at.index(warmup)], expected[:at.index(warmup)]):
+        return _("during the warm-up the rate is lr · (step + 1) / warmup_steps, so step 0 already moves")
+    return _("after the warm-up the rate falls along a cosine from lr to lr / 10 at the last step")
+
+
+@exercise(cases=_schedule_cases, function="metal_schedule_run", atol=1e-9, rtol=1e-7, hints=[_schedule_hint],
+          explain=N_("linear warm-up, then a cosine to lr / 10: the same rates as PyTorch's LinearLR followed by "
+                     "CosineAnnealingLR."))
+def metal_schedule(steps: int, lr: float, warmup: int, at: list[int]) -> torch.Tensor:
+    """The rates at steps ``at`` (float64) of PyTorch's SequentialLR(LinearLR, CosineAnnealingLR)."""
+    from torch.optim import lr_scheduler
+
+    leaf = nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([leaf], lr=lr)
+    schedule = lr_scheduler.SequentialLR(optimizer, [
+        lr_scheduler.LinearLR(optimizer, 1 / warmup, 1.0, max(1, warmup - 1)),
+        lr_scheduler.CosineAnnealingLR(optimizer, steps - warmup, lr / 10)], milestones=[warmup])
+    rates = []
+    for _step in range(steps):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    return torch.tensor([rates[s] for s in at], dtype=torch.float64)
+
+
+def _clipping_cases(gen: torch.Generator) -> list[Case]:
+    cases = []
+    for shapes, scale, max_norm in [([(4, 3), (3,), (2, 2)], 10.0, 1.0), ([(5,), (3, 3)], 0.01, 1.0),
+                                    ([(8, 8), (8,)], 3.0, 0.5)]:
+        grads = [scale * torch.randn(s, generator=gen) for s in shapes]
+        label = N_("clipping gradients {shapes} of scale {scale:g} to {max_norm:g}", shapes=shapes, scale=scale,
+                   max_norm=max_norm)
+        cases.append(Case(label, (grads, max_norm)))
+    return cases
+
+
+def _clipping_hint(case: Case, got: Any, expected: Any) -> str | None:
+    grads, max_norm = case.args
+    if not isinstance(got, (tuple, list)) or len(got) != 2 or not isinstance(got[1], (tuple, list)):
+        return None
+    per_parameter = [g * min(1.0, max_norm / (float(g.norm()) + 1e-6)) for g in grads]
+    if len(got[1]) == len(grads) and all(close(a, b) for a, b in zip(got[1], per_parameter, strict=True)):
+        return _("each gradient was clipped on its own: the norm is global, √(Σ over all parameters of ‖g‖²), "
+                 "and one factor scales them all")
+    if float(expected[0]) < max_norm:
+        return _("below max_norm the gradients stay as they are: the factor is min(1, max_norm / norm)")
+    return None
+
+
+@exercise(cases=_clipping_cases, function="metal_clipping_run", hints=[_clipping_hint],
+          explain=N_("one norm over all the gradients together, and one factor min(1, max_norm / (norm + 1e-6)) for "
+                     "all of them, as torch.nn.utils.clip_grad_norm_."))
+def metal_clipping(grads: list[torch.Tensor], max_norm: float) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(the global norm before clipping, the clipped gradients) of torch.nn.utils.clip_grad_norm_."""
+    leaves = [nn.Parameter(torch.zeros_like(g)) for g in grads]
+    for leaf, grad in zip(leaves, grads, strict=True):
+        leaf.grad = grad.clone()
+    norm = torch.nn.utils.clip_grad_norm_(leaves, max_norm)
+    return norm, [leaf.grad for leaf in leaves]
+
+
+def _metal_training_cases(gen: torch.Generator) -> list[Case]:
+    seed = int(torch.randint(2**30, (1,), generator=gen))
+    shown = ", ".join(f"{k}={v}" for k, v in METAL_TRAIN_SETTINGS.items())
+    sizes = ", ".join(f"{k}={v}" for k, v in TRAIN_SIZES.items())
+    return [Case(N_("metal_train_gpt on Shakespeare's characters, MetalGPT({sizes}), {settings}", sizes=sizes,
+                    settings=shown), (dict(TRAIN_SIZES), dict(METAL_TRAIN_SETTINGS, seed=seed)))]
+
+
+def _metal_training_verdict(case: Case, got: Any, expected: Any) -> tuple[bool, str]:
+    try:
+        model = trained_reference_model(got)
+    except ValueError as exc:  # its message is a Message: given in the learner's language by the checker
+        return False, exc.args[0]
+    loss = held_out_loss(model)  # the base stage's measure: text the sandbox never receives, a secret offset
+    if loss < THRESHOLD:
+        return True, _("held-out loss {loss:.3f} (the grader's, with a causal reference model) < {threshold}",
+                       loss=loss, threshold=THRESHOLD)
+    return False, _("held-out loss {loss:.3f} is not below {threshold}: pass every other from-the-metal stage "
+                    "first; the model, the loss and the optimiser are the pieces they check", loss=loss,
+                    threshold=THRESHOLD)
+
+
+@exercise(cases=_metal_training_cases, function="metal_trained_weights", verdict=_metal_training_verdict,
+          explain=N_("a GPT built only from your own pieces, trained by your own AdamW, schedule and clipping, "
+                     "passes the base capstone's threshold."))
+def metal_training(sizes: dict[str, int], settings: dict[str, Any]) -> float:
+    """The threshold the grader's held-out loss must beat (judged by ``_metal_training_verdict``)."""
+    return THRESHOLD
