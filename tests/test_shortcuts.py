@@ -131,6 +131,8 @@ def test_a_capstone_built_from_course_classes_scores_zero_on_the_stages_it_touch
             "capstone_sampling"} <= set(got)
     assert "course_utils.train.train" in got["capstone_training"]
     assert "course_utils.train.train" not in got["capstone_sampling"]
+    # the cells touch the model and the loop, not the answers to questions nor the from-the-metal track
+    assert not {"capstone_params_added", "capstone_diagnosis", "metal_linear", "metal_training"} & set(got)
 
 
 def test_a_removed_class_refuses_to_be_built_and_its_subclass_inherits_nothing(tmp_path):

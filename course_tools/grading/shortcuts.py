@@ -71,6 +71,10 @@ def _decorator_name(node: ast.expr) -> str | None:
     return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
 
 
+def _is_question(node: ast.FunctionDef) -> bool:
+    return any(_decorator_name(d) == "question" for d in node.decorator_list)
+
+
 def _exercise_name(node: ast.FunctionDef) -> str | None:
     """The registered name of an exercise/question function (``name=`` of its decorator, else its own)."""
     for decorator in node.decorator_list:
@@ -106,9 +110,10 @@ def _library_imports(tree: ast.Module) -> tuple[dict[str, tuple[str, str]], dict
 
 
 def _registered(tree: ast.Module, lesson: str) -> dict[str, tuple[str, ...]]:
-    """A references module's ``TEACHES`` literal: exercise name (``"*"``: every exercise of the
-    lesson) -> qualified ``course_utils`` names it teaches beyond those its reference calls (the
-    capstone's reference builds its model in a helper, and its training loop calls no library)."""
+    """A references module's ``TEACHES`` literal: exercise name (or a pattern ending in ``*``, such as
+    ``"capstone_*"``: every exercise of the lesson whose name starts so, its questions left out, since a
+    question's answer is a value) -> qualified ``course_utils`` names it teaches beyond those its reference
+    calls (the capstone's reference builds its model in a helper, and its training loop calls no library)."""
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "TEACHES" for t in node.targets):
             registered = ast.literal_eval(node.value)
@@ -145,7 +150,9 @@ def teaches(lesson: str) -> dict[str, frozenset[tuple[str, str]]]:
             elif isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Name) and inner.value.id in modules:
                 found.add((modules[inner.value.id], inner.attr))
         found = {(m, f) for m, f in found if m not in UTILITIES and f in _module_definitions(m)}
-        found |= {tuple(q.rsplit(".", 1)) for q in (*registered.get("*", ()), *registered.get(name, ()))}
+        patterns = [] if _is_question(node) else [key for key in registered if key.endswith("*")
+                                                   and name.startswith(key[:-1])]
+        found |= {tuple(q.rsplit(".", 1)) for key in (*patterns, name) for q in registered.get(key, ())}
         if found:
             out[name] = frozenset(found)
     return out

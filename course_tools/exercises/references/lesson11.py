@@ -51,9 +51,10 @@ from course_utils import attention, blocks, counting, data, gpt
 from course_utils.generate import next_token_probs
 
 # What the capstone asks the learner to write, removed from the sandbox while it is graded
-# (course_tools.grading.shortcuts): "*" for every stage, and the loop and the sampler for their own.
+# (course_tools.grading.shortcuts): "capstone_*" for every stage (not the questions), the loop and the sampler
+# for their own; the from-the-metal stages are guarded by course_tools.grading.metal instead.
 TEACHES = {
-    "*": ("course_utils.attention.MultiHeadAttention", "course_utils.attention.SelfAttentionHead",
+    "capstone_*": ("course_utils.attention.MultiHeadAttention", "course_utils.attention.SelfAttentionHead",
           "course_utils.attention.scaled_dot_product_attention", "course_utils.attention.attend",
           "course_utils.attention.explicit_attention", "course_utils.blocks.FeedForward",
           "course_utils.blocks.LayerNorm", "course_utils.blocks.TransformerBlock", "course_utils.blocks.make_block",
