@@ -94,7 +94,10 @@ def test_every_solution_has_a_lesson_and_an_exercise():
 
 
 # Answer cells checked together by stages instead of one exercise each: the capstone's classes and loop.
-CHECKED_BY_STAGES = {"11_build_your_gpt": {"my_attention", "my_block", "my_gpt", "my_training_loop", "my_generate"}}
+CHECKED_BY_STAGES = {"11_build_your_gpt": {"my_attention", "my_block", "my_gpt", "my_training_loop", "my_generate",
+                                           # the from-the-metal track's answer cells, checked by its metal_* stages
+                                           "metal_layers", "metal_losses", "metal_optimizer", "metal_step_tools",
+                                           "metal_model", "metal_loop"}}
 
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=ids(SOLUTIONS))

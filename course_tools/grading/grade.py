@@ -118,10 +118,11 @@ def _trace(value: Any) -> torch.Tensor:
     return checks.trace_tensor([]) if value is None else value
 
 
-def apply_requirements(exercises: list[ExerciseScore]) -> None:
+def apply_requirements(exercises: list[ExerciseScore], raised: frozenset[str] = frozenset()) -> None:
     """An exercise whose required exercises (``Exercise.requires``) did not all pass scores nothing,
     and its feedback names the first one that failed (judged on their own verdicts) and counts its own cases
-    without their details: measured on a model that differs from the reference, their hints would mislead."""
+    without their details: measured on a model that differs from the reference, their hints would mislead.
+    An exercise in ``raised`` keeps its first line, its own answer cell's error (``with_answer_error``), first."""
     statuses = {e.name: e.status for e in exercises}
     for score in exercises:
         if score.name not in checks.REGISTRY or score.status == checks.NOT_ATTEMPTED:
@@ -130,8 +131,9 @@ def apply_requirements(exercises: list[ExerciseScore]) -> None:
         if blocked:
             score.points = 0
             score.status = checks.FAIL if score.status == checks.PASS else score.status
-            passed = sum(line.startswith("  ✓") for line in score.lines)
-            score.lines = ["  ✗ " + blocked, "  ✗ " + checks.held_back(passed, len(score.lines))]
+            own, cases = (score.lines[:1], score.lines[1:]) if score.name in raised else ([], score.lines)
+            passed = sum(line.startswith("  ✓") for line in cases)
+            score.lines = [*own, "  ✗ " + blocked, "  ✗ " + checks.held_back(passed, len(cases))]
 
 
 def _timed_out(name: str, max_points: float) -> ExerciseScore:
@@ -275,7 +277,7 @@ def grade_parsed(sub: Submission, parsed: submission.Parsed, base: nbformat.Note
     outputs = {file: result.files[file] for file in map(results.file_name, job.points) if file in result.files}
     checked = results.check_outputs(outputs, results.caps_for(sub.lesson), sandbox.host_paths())
     sub.exercises = [score_exercise(name, job, result.files, run, result.killed, checked) for name in job.points]
-    apply_requirements(sub.exercises)
+    apply_requirements(sub.exercises, frozenset(name for name in job.points if answer_cell_error(name, job, run)))
     sub.exercises += manual_scores(base, parsed)
     if submission.names_references(parsed):
         sub.flags.append(REFERENCE_FLAG)
