@@ -58,7 +58,6 @@ INTROSPECTION = {"gc", "sys", "importlib", "builtins", "inspect", "ctypes", "typ
                  "pickle", "marshal", "operator", "torch._dynamo"}
 MACHINERY = re.compile(r"course_tools|bare_torch|_course_answer|ForbiddenOnMetal|_global_forward_pre_hooks|"
                        r"_global_optimizer_pre_hooks")
-ROUNDS = 8
 METHOD_LIKE = {"eval", "exec", "compile"}  # also methods of a module (model.eval()): only a bare call counts
 OWN_OBJECTS = {"self", "model", "module"}  # self.modules() is a module's own submodules, not sys.modules
 
@@ -99,53 +98,20 @@ def _environment(cells: list[dict]) -> tuple[dict[str, str], set[str]]:
     return env, stars
 
 
-class _Reach:
-    """What each dotted name of the submission reaches among forbidden names, across all its cells:
-    imports, one-name aliases (``lin = F.linear``) and definitions that use a forbidden name."""
+class _Reach(shortcuts.NameReach):
+    """What each dotted name of the submission reaches among forbidden names, across all its cells."""
 
     def __init__(self, pristine: list[dict], answers: list[dict], definitions: set[str]) -> None:
-        self.env, _ = _environment([*pristine, *answers])
-        imported = set(_environment(answers)[0])
-        for cell in answers:  # a learner's own definition of a name the lesson imported is theirs
-            for bound, _uses in cell["statements"]:
-                for name in set(bound) - imported:
-                    self.env.pop(name, None)
-        self.carries: dict[str, set[str]] = {}
         # the lesson's own top-level variables (its comparisons hold PyTorch's layers) carry nothing: only
         # its functions and classes, which the graded helpers call, are followed
         statements = [s for cell in pristine for s in cell["statements"] if set(s[0]) <= definitions] + \
             [s for cell in answers for s in cell["statements"]]
-        for _round in range(ROUNDS):
-            changed = False
-            for bound, uses in statements:
-                if len(bound) == 1 and len(uses) == 1 and bound[0] not in self.env:
-                    target = self._qualified(uses[0])
-                    if target is not None:
-                        self.env[bound[0]], changed = target, True
-                reached = set().union(*(self.reach(u) for u in uses)) if uses else set()
-                for name in bound:
-                    if not reached <= self.carries.get(name, set()):
-                        self.carries.setdefault(name, set()).update(reached)
-                        changed = True
-            if not changed:
-                break
+        super().__init__(_environment([*pristine, *answers])[0], set(_environment(answers)[0]), answers, statements)
 
-    def _qualified(self, dotted: str) -> str | None:
-        head, _, rest = dotted.partition(".")
-        return None if head not in self.env else self.env[head] + ("." + rest if rest else "")
-
-    def reach(self, dotted: str) -> set[str]:
-        found = set(self.carries.get(dotted.partition(".")[0], ()))
-        qualified = self._qualified(dotted)
-        if qualified is not None and forbidden(qualified):
-            found.add(qualified)
+    def hits(self, dotted: str, qualified: str | None) -> set[str]:
+        found = {qualified} if qualified is not None and forbidden(qualified) else set()
         method = _method(dotted)
-        if method:
-            found.add(method)
-        return found
-
-    def cell(self, summary: dict) -> set[str]:
-        return set().union(*(self.reach(u) for _, uses in summary["statements"] for u in uses))
+        return found | {method} if method else found
 
 
 def _dynamic(summary: dict, source: str) -> list[str]:

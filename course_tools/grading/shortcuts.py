@@ -317,33 +317,34 @@ def _environment(cells: list[dict]) -> dict[str, str]:
     return env
 
 
-class _Resolver:
-    """What the dotted names of a submission reach among ``taught``: through imports, simple aliases
-    (``rt = quantize.roundtrip``) and definitions that use a taught name (``def f(x): return rt(x)``),
-    across all its cells, so that a binding in one cell and a use in another are still seen."""
+class NameReach:
+    """What the dotted names of a submission reach across all its cells: through imports (``env``: local
+    name -> qualified name), simple aliases (``rt = quantize.roundtrip``) and definitions that use a name
+    that reaches something (``def f(x): return rt(x)``), followed to a fixed point, so that a binding in one
+    cell and a use in another are still seen. A learner's own definition of a name the lesson imported is
+    theirs (it is dropped from ``env`` unless an answer imports it). Subclasses say what a name reaches
+    by itself (``hits``): the taught names here, the metal track's forbidden ones in ``grading.metal``."""
 
-    def __init__(self, pristine: list[dict], answers: list[dict], taught: frozenset[str]) -> None:
-        self.env, self.taught = _environment([*pristine, *answers]), taught
-        imported = set(_environment(answers))
-        for cell in answers:  # the learner's own definition of a name the lesson imported is theirs
+    def __init__(self, env: dict[str, str], answer_imports: set[str], answers: list[dict],
+                 statements: list[tuple[list[str], list[str]]]) -> None:
+        self.env = env
+        for cell in answers:
             for bound, _ in cell["statements"]:
-                for name in set(bound) - imported:
+                for name in set(bound) - answer_imports:
                     self.env.pop(name, None)
-        cells = [*pristine, *answers]
-        self.carries: dict[str, set[str]] = {}  # a name defined in an answer -> the taught names it reaches
+        self.carries: dict[str, set[str]] = {}  # a defined name -> what it reaches
         for _ in range(ALIAS_ROUNDS):
             changed = False
-            for cell in cells:
-                for bound, uses in cell["statements"]:
-                    if len(bound) == 1 and len(uses) == 1 and bound[0] not in self.env:
-                        target = self._qualified(uses[0])
-                        if target is not None:
-                            self.env[bound[0]], changed = target, True
-                    reached = set().union(*(self.reach(u) for u in uses)) if uses else set()
-                    for name in bound:
-                        if not reached <= self.carries.get(name, set()):
-                            self.carries.setdefault(name, set()).update(reached)
-                            changed = True
+            for bound, uses in statements:
+                if len(bound) == 1 and len(uses) == 1 and bound[0] not in self.env:
+                    target = self._qualified(uses[0])
+                    if target is not None:
+                        self.env[bound[0]], changed = target, True
+                reached = set().union(*(self.reach(u) for u in uses)) if uses else set()
+                for name in bound:
+                    if not reached <= self.carries.get(name, set()):
+                        self.carries.setdefault(name, set()).update(reached)
+                        changed = True
             if not changed:
                 break
 
@@ -351,15 +352,29 @@ class _Resolver:
         head, _, rest = dotted.partition(".")
         return None if head not in self.env else self.env[head] + ("." + rest if rest else "")
 
+    def hits(self, dotted: str, qualified: str | None) -> set[str]:
+        """What ``dotted`` (``qualified`` through the imports, None if it is not imported) reaches by itself."""
+        raise NotImplementedError
+
     def reach(self, dotted: str) -> set[str]:
-        qualified = self._qualified(dotted)
-        found = set(self.carries.get(dotted.partition(".")[0], ()))
-        if qualified is not None:
-            found |= {t for t in self.taught if qualified == t or qualified.startswith(t + ".")}
-        return found
+        return set(self.carries.get(dotted.partition(".")[0], ())) | self.hits(dotted, self._qualified(dotted))
 
     def cell(self, summary: dict) -> set[str]:
         return set().union(*(self.reach(u) for _, uses in summary["statements"] for u in uses))
+
+
+class _Resolver(NameReach):
+    """What the dotted names of a submission reach among ``taught`` (``course_utils`` names)."""
+
+    def __init__(self, pristine: list[dict], answers: list[dict], taught: frozenset[str]) -> None:
+        self.taught = taught
+        super().__init__(_environment([*pristine, *answers]), set(_environment(answers)), answers,
+                         [s for cell in [*pristine, *answers] for s in cell["statements"]])
+
+    def hits(self, dotted: str, qualified: str | None) -> set[str]:
+        if qualified is None:
+            return set()
+        return {t for t in self.taught if qualified == t or qualified.startswith(t + ".")}
 
 
 def _zero(score, reason: str) -> None:
