@@ -173,7 +173,7 @@ REASONING = {
     "10": {"predictions_scored", "batched_beam_candidates", "reading_101010"},
     "11": {"capstone_params_added", "capstone_diagnosis", "capstone_top_k_prob"},
     "12": {"roofline_tokens_per_s", "gguf_rope_layout", "korean_tokens"},
-    "13": {"smollm2_lora_parameters", "dpo_loss_at_start", "answer_positions", "both_zero_choice"},
+    "13": {"smollm2_lora_parameters", "answer_positions", "both_zero_choice", "both_rose_loss"},
 }
 
 

@@ -208,29 +208,33 @@ def dpo_loss_at_start() -> float:
     return math.log(2)
 
 
-@question(explain=N_("the 12 answer tokens (the reading and the end marker) are predicted by the 12 positions before "
-                     "them; the 27 prompt tokens are given, not learned."),
+@question(explain=N_("the 9 answer tokens (the reading and the end marker) are predicted by the 9 positions before "
+                     "them; the 23 prompt tokens are given and the 12 pads are no tokens at all."),
           hints=[known_wrong({
-              39: N_("the prompt is left in the loss: only the answer is to be learned"),
-              38: N_("the prompt is left in the loss: only the answer's tokens are targets"),
-              11: N_("the end marker is an answer token too: the model must learn where to stop"),
-              27: N_("those are the prompt's tokens, the ones left out"),
+              43: N_("the prompt and the padding are left in the loss: only the answer's tokens are targets"),
+              31: N_("the prompt is left in the loss: only the answer is to be learned"),
+              8: N_("the end marker is an answer token too: the model must learn where to stop"),
+              10: N_("the first target is ids[1]: the position before the answer's first token predicts it, and "
+                     "nothing after the end marker is an answer token"),
+              23: N_("those are the prompt's tokens, the ones left out"),
           })])
 def answer_positions() -> int:
-    """Positions in the SFT loss for a 27-token prompt and a 12-token answer."""
-    return 12
+    """Positions in the SFT loss for a 23-token prompt and a 9-token answer padded to 44 tokens."""
+    return 9
 
 
-@question(explain=N_("β multiplies the log-ratio inside the sigmoid: with a larger β a smaller move away from the "
-                     "reference already makes the loss small, so the policy stays closer to it (smaller KL)."),
+@question(explain=N_("the margin is (+1) − (+3) = −2 nats, so βm = −1 and the loss is −log σ(−1) = log(1 + e) ≈ "
+                     "1.313: more than ln 2, because the rejected answer gained more than the chosen one, although "
+                     "both rose."), atol=1e-3,
           hints=[known_wrong({
-              "b": N_("a larger β saturates the sigmoid sooner: less movement is needed, not more"),
-              "c": N_("β changes the loss and its gradient (−β σ(−βm)), so it changes how far the policy moves"),
-              "d": N_("the reference is frozen whatever β is; β only sets how far the policy moves from it"),
+              0.313: N_("that is −log σ(+1): the margin is the chosen log-ratio minus the rejected one, here −2"),
+              0.127: N_("the two log-ratios are subtracted, not added: m = (+1) − (+3)"),
+              2.127: N_("β multiplies the margin inside the sigmoid: −log σ(β·m), with β = 0.5"),
+              0.693: N_("that is the loss at the start, when both log-ratios are 0"),
           })])
-def beta_choice() -> str:
-    """Multiple choice: what a larger β does in DPO."""
-    return "a"
+def both_rose_loss() -> float:
+    """The DPO loss (nats, β = 0.5) of a pair whose chosen log-ratio is +1 and rejected log-ratio +3."""
+    return math.log(1 + math.e)
 
 
 # ------------------------------------------------------------------ the experiment
