@@ -120,6 +120,15 @@ def test_lora_linear_answers_lora_forward_for_zero():
     assert "course_utils.lora.LoRALinear" in zeroed(sub)["lora_forward"] and sub.flags
 
 
+def test_the_library_sequence_logprobs_answers_lesson13_for_zero():
+    # lesson 13's fifth exercise: the learner writes log π(answer | prompt); calling the library's scores 0
+    source = ("from course_utils import dpo\n\n"
+              "def sequence_logprobs(logits, targets, mask):\n"
+              "    return dpo.sequence_logprobs(logits, targets, mask)\n")
+    sub = judged("13_adapting", {"sequence_logprobs": source})
+    assert "course_utils.dpo.sequence_logprobs" in zeroed(sub)["sequence_logprobs"] and sub.flags
+
+
 def test_a_capstone_built_from_course_classes_scores_zero_on_the_stages_it_touches():
     sub = judged("11_build_your_gpt", {
         "my_attention": "from course_utils.attention import MultiHeadAttention\n\n"

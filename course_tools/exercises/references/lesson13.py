@@ -1,6 +1,6 @@
 """Exercises of lesson 13: a LoRA linear layer, merging an adapter, the loss mask of a prompt-answer
-pair, and the DPO loss; five self-check questions and one experiment (the rank of the update
-that a rank-16 adapter learns on one layer).
+pair, the DPO loss and a sequence's log-probability; five self-check questions and one experiment
+(the rank of the update that a rank-16 adapter learns on one layer).
 
 The hints name the usual mistakes: α/r forgotten or α alone, B A in the wrong order, the prompt
 left in the loss, the mask not shifted with the targets, the reference model left out (or updated),
@@ -166,6 +166,46 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_cho
     """Four (N,) tensors of sequence log-probabilities -> the mean DPO loss (a scalar):
     −log σ(β·[(log π − log π_ref)(chosen) − (log π − log π_ref)(rejected)])."""
     return dpo.dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta)
+
+
+# ------------------------------------------------------------------ sequence log-probabilities
+
+
+def _logprob_cases(gen: torch.Generator) -> list[Case]:
+    cases = []
+    for b, t, v, n_prompt in [(1, 5, 7, 2), (3, 6, 11, 3), (4, 9, 13, 4)]:
+        logits = 3 * torch.randn(b, t, v, generator=gen)
+        targets = torch.randint(v, (b, t), generator=gen)
+        mask = torch.zeros(b, t, dtype=torch.bool)
+        for row in range(b):                   # the answer: from the prompt's end to a row's own length
+            mask[row, n_prompt - 1:t - row] = True
+        cases.append(Case(N_("logits ({b}, {t}, {v}), targets and mask ({b}, {t}), answers of different lengths",
+                             b=b, t=t, v=v), (logits, targets, mask)))
+    return cases
+
+
+def _logprob_hint(case: Case, got, expected) -> str | None:
+    logits, targets, mask = case.args
+    if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+        return _("return one number per sequence, a (B,) tensor: sum over the positions, not over the batch")
+    token = torch.gather(logits.log_softmax(-1), -1, targets[..., None])[..., 0]
+    if _close(got, token.sum(-1)):
+        return _("the prompt and the padding are counted: multiply by the mask (or select its positions) "
+                 "before the sum")
+    raw = torch.gather(logits, -1, targets[..., None])[..., 0]
+    if _close(got, (raw * mask).sum(-1)):
+        return _("those are raw logits: take log_softmax over the vocabulary first")
+    if _close(got, (token * mask).sum(-1) / mask.sum(-1)):
+        return _("a sequence's log-probability is the sum of its tokens' log-probabilities, not their mean")
+    return _("log_softmax over the vocabulary, pick each position's target (torch.gather), keep the positions of "
+             "the mask and sum them per sequence")
+
+
+@exercise(cases=_logprob_cases, hints=[_logprob_hint])
+def sequence_logprobs(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """logits (B, T, V), targets (B, T), mask (B, T) bool -> (B,): log π(answer | prompt), the sum of
+    log p(target_t) over the positions where the mask is True."""
+    return dpo.sequence_logprobs(logits, targets, mask)
 
 
 # ------------------------------------------------------------------ self-check questions
