@@ -600,7 +600,7 @@ def _dpo_verdict(case: Case, got: Any, expected: Any) -> tuple[bool, str]:
              first=first, last=last, n=len(held), prefers=r["policy_prefers_chosen"],
              before=r["reference_prefers_chosen"], dc=r["chosen_logratio"], dr=r["rejected_logratio"], loss=r["loss"])
     if abs(losses[0] - math.log(2)) > 0.02:
-        return False, _("{said} — the first step's loss should be ln 2 = 0.693 = 0.693, since the policy starts as a "
+        return False, _("{said} — the first step's loss should be ln 2 = 0.693, since the policy starts as a "
                         "copy of the reference: compare log-probabilities against the frozen reference, "
                         "−log σ(β·margin)", said=said)
     if r["policy_prefers_chosen"] < DPO_PREFERS or not last < first:
