@@ -25,7 +25,7 @@ from course_utils.cpu_threads import torch_threads
 from course_utils.gpt import GPT
 
 # The library names each exercise rebuilds (the shortcut rule): a learner who calls them has not written it.
-TEACHES = {"patch_sweep": ("course_utils.activations.run_with_cache",)}
+TEACHES = {"patch_sweep": ("course_utils.activations.run_with_cache", "course_utils.activations.patch_activation")}
 
 # ------------------------------------------------------------------ the induction score
 
