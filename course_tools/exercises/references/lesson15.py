@@ -78,8 +78,8 @@ def _lens_cases(gen: torch.Generator) -> list[Case]:
         weight = 1 + 0.5 * torch.randn(d, generator=gen)
         W_U = torch.randn(v, d, generator=gen)
         target = int(torch.randint(v, (1,), generator=gen))
-        cases.append(Case(N_("streams ({layers}, {d}), norm weight ({d},), unembedding ({v}, {d}), target {target}",
-                             layers=layers, d=d, v=v, target=target), (streams, weight, W_U, target)))
+        cases.append(Case(N_("streams ({layers}, {d}), norm weight ({d},), unembedding ({v}, {d}), a random target",
+                             layers=layers, d=d, v=v), (streams, weight, W_U, target)))
     return cases
 
 
@@ -136,9 +136,9 @@ def _patch_cases(gen: torch.Generator) -> list[Case]:
         corrupt[0, changed] = (clean[0, changed] + 1 + torch.randint(PATCH_VOCAB - 1, (len(changed),),
                                                                      generator=gen)) % PATCH_VOCAB
         good, bad = torch.randperm(PATCH_VOCAB, generator=gen)[:2].tolist()
-        cases.append(Case(N_("tiny_model({seed}), prompts of {t} tokens differing at positions {changed}, "
-                             "tokens {good} and {bad}", seed=seed, t=PATCH_LEN, changed=str(changed), good=good,
-                             bad=bad), (seed, clean, corrupt, good, bad)))
+        cases.append(Case(N_("tiny_model({seed}), prompts of {t} tokens differing at positions {changed}, two "
+                             "random tokens", seed=seed, t=PATCH_LEN, changed=str(changed)),
+                          (seed, clean, corrupt, good, bad)))
     return cases
 
 
