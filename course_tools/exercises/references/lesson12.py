@@ -396,7 +396,6 @@ def _forward_hint(case: Case, got, expected) -> str | None:
 
 
 @exercise(cases=_forward_cases, function="llama_logits", atol=1e-4, rtol=1e-4, hints=[_forward_hint],
-          requires={"llama_mapping": MAPS},
           explain=N_("with the same weights your LLaMA computes the same function as the course's GPT, to 1e-4."))
 def llama_forward(config: dict, state: dict[str, torch.Tensor], ids: torch.Tensor) -> torch.Tensor:
     """The reference LLaMA holding ``state`` (interface names) applied to ``ids``: logits (B, T, V)."""
