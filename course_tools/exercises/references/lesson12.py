@@ -262,8 +262,9 @@ def _mapping_cases(gen: torch.Generator) -> list[Case]:
     shapes = {"attn_q.weight": (n_heads * d_head, 24), "attn_k.weight": (n_kv * d_head, 24),
               "attn_v.weight": (n_kv * d_head, 24), "ffn_down.weight": (24, 40), "attn_norm.weight": (24,)}
     for rest, shape in shapes.items():
-        cases.append(Case(N_("{name}, synthetic, shape {shape}", name=f"blk.{layer}.{rest}", shape=shape),
-                          (f"blk.{layer}.{rest}", torch.randn(*shape, generator=gen), n_heads, n_kv)))
+        full = f"blk.{layer}.{rest}"
+        cases.append(Case(N_("{name}, synthetic, shape {shape}", name=full, shape=shape),
+                          (full, torch.randn(*shape, generator=gen), n_heads, n_kv)))
     for name in ("token_embd.weight", "output_norm.weight"):
         shape = (50, 24) if name.startswith("token") else (24,)
         cases.append(Case(N_("{name}, synthetic, shape {shape}", name=name, shape=shape),
