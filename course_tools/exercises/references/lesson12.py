@@ -262,8 +262,8 @@ def _mapping_cases(gen: torch.Generator) -> list[Case]:
     shapes = {"attn_q.weight": (n_heads * d_head, 24), "attn_k.weight": (n_kv * d_head, 24),
               "attn_v.weight": (n_kv * d_head, 24), "ffn_down.weight": (24, 40), "attn_norm.weight": (24,)}
     for rest, shape in shapes.items():
-        full = f"blk.{layer}.{rest}"
-        cases.append(Case(N_("{name}, synthetic, shape {shape}", name=full, shape=shape),
+        full = f"blk.{layer}.{rest}"  # the block is drawn; the label names the tensor kind only (stable outputs)
+        cases.append(Case(N_("{name}, synthetic, shape {shape}", name=f"blk.i.{rest}", shape=shape),
                           (full, torch.randn(*shape, generator=gen), n_heads, n_kv)))
     for name in ("token_embd.weight", "output_norm.weight"):
         shape = (50, 24) if name.startswith("token") else (24,)
@@ -273,7 +273,7 @@ def _mapping_cases(gen: torch.Generator) -> list[Case]:
     block = int(torch.randint(30, (), generator=gen))
     for rest in ("attn_q.weight", "attn_k.weight"):
         name = f"blk.{block}.{rest}"
-        cases.append(Case(N_("{name} of SmolLM2's file", name=name),
+        cases.append(Case(N_("{name} of SmolLM2's file", name=f"blk.i.{rest}"),
                           (name, file.tensor(name).to_float(), 9, 3)))
     return cases
 
