@@ -28,7 +28,7 @@ def solution_namespace() -> dict:
     for cell in nb.cells:
         grade_id = (cell.metadata.get("nbgrader") or {}).get("grade_id")
         given = cell.cell_type == "code" and cell.source.startswith(("# Given",
-                                                                     "from course_tools.exercises.references"))
+                                                                     "from course_tools.exercises.lesson13_task"))
         if grade_id in wanted or given:
             exec(cell.source, ns)
     return ns
@@ -114,7 +114,7 @@ def _trace(steps: int) -> torch.Tensor:
 def test_the_sft_verdict_reads_the_weights_not_the_printout():
     case = L._sft_cases(torch.Generator().manual_seed(0))[0]
     steps = case.args[0]["steps"]
-    falling = [2.0] * (steps // 2) + [0.05] * (steps - steps // 2)
+    falling = torch.tensor([2.0] * (steps // 2) + [0.05] * (steps - steps // 2), dtype=torch.float64)
     good = L.sft_reference_state()
     ok, detail = L._sft_verdict(case, ((good, falling), _trace(steps)), None)
     assert ok, say(detail)
@@ -129,7 +129,7 @@ def test_the_dpo_verdict_needs_the_preference_learned(ns):
     case = L._dpo_cases(torch.Generator().manual_seed(0))[0]
     reference_state, settings = case.args
     steps = settings["steps"]
-    flat = [math.log(2)] * steps                      # a reference that moved with the policy: nothing learned
+    flat = torch.full((steps,), math.log(2), dtype=torch.float64)  # a reference that moved with the policy
     ok, detail = L._dpo_verdict(case, ((reference_state, flat), _trace(steps)), None)
     assert not ok and "below" in say(detail)
     state, losses = ns["dpo_trained"](reference_state, dict(settings, seed=0))

@@ -21,14 +21,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from course_tools.exercises.checks import Case, exercise, question
+from course_tools.exercises.lesson13_task import (
+    CHAT_END,
+    CHAT_SIZES,
+    CHAT_TOKENIZER,
+    PAD_ID,
+    chat_encode,
+    chat_numbers,
+    chat_prompt,
+    formal_numbers,
+    probe_model,
+)
 from course_tools.exercises.references._shared import close as _close
 from course_tools.exercises.references._shared import known_wrong
 from course_tools.messages import N_, _
 from course_utils import dpo, lora, sft
 from course_utils.cpu_threads import torch_threads
 from course_utils.gpt import GPT, GPTConfig
-from course_utils.sino_korean import TARGET_CHARS, read_number, read_number_formal, split_by_number
-from course_utils.tokenizer import CharTokenizer
+from course_utils.sino_korean import TARGET_CHARS, read_number, read_number_formal
 
 # What the learner's own loops replace, removed from the sandbox while lesson 13 is graded
 # (course_tools.grading.shortcuts), beyond what each reference calls.
@@ -231,50 +241,6 @@ def sequence_logprobs(logits: torch.Tensor, targets: torch.Tensor, mask: torch.T
 # ------------------------------------------------------------------ LoRA injected into the grader's model
 
 
-class _ProbeBlock(nn.Module):
-    """One block of the grader's model: a norm, four attention-like projections, a two-layer MLP."""
-
-    def __init__(self, d: int, hidden: int, bias: bool) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(d)
-        self.attn = nn.ModuleDict({k: nn.Linear(d, d, bias=bias) for k in ("q", "k", "v", "o")})
-        self.mlp = nn.ModuleDict({"up": nn.Linear(d, hidden, bias=bias), "down": nn.Linear(hidden, d, bias=bias)})
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        a = self.norm(h)
-        h = h + self.attn["o"](torch.tanh(self.attn["q"](a)) * self.attn["k"](a) + self.attn["v"](a))
-        return h + self.mlp["down"](F.gelu(self.mlp["up"](self.norm(h))))
-
-
-class ProbeModel(nn.Module):
-    """A model the grader injects adapters into: an embedding, ``blocks`` blocks, a final norm and a head.
-    Its layers are named ``blocks.0.attn.q`` ... ``blocks.0.mlp.down``, ``head``; its norms ``norm``."""
-
-    def __init__(self, vocab: int, d: int, hidden: int, blocks: int, bias: bool) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, d)
-        self.blocks = nn.ModuleList(_ProbeBlock(d, hidden, bias) for _ in range(blocks))
-        self.norm = nn.LayerNorm(d)
-        self.head = nn.Linear(d, vocab)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        h = self.embed(ids)
-        for block in self.blocks:
-            h = block(h)
-        return self.head(self.norm(h))
-
-
-def probe_model(spec: dict) -> ProbeModel:
-    """The grader's model of ``spec`` (vocab, d, hidden, blocks, bias), its weights drawn from ``spec["seed"]``."""
-    torch.manual_seed(int(spec["seed"]))
-    model = ProbeModel(int(spec["vocab"]), int(spec["d"]), int(spec["hidden"]), int(spec["blocks"]), bool(spec["bias"]))
-    with torch.no_grad():  # norms away from 1 and 0, so that a replaced norm changes the output
-        for name, p in model.named_parameters():
-            if ".norm." in f".{name}":
-                p.add_(0.3 * torch.randn_like(p))
-    return model.eval()
-
-
 def _injection_cases(gen: torch.Generator) -> list[Case]:
     cases = []
     for blocks, bias, targets, rank, alpha in [(1, True, ("q", "v"), 2, 4.0),
@@ -338,23 +304,6 @@ def lora_injection(spec: dict, targets: list[str], rank: int, alpha: float, ids:
 
 # ------------------------------------------------------------------ the SFT batch of a chat template
 
-CHAT_END = "\n"  # the answer's end marker
-
-
-def chat_prompt(message: str) -> str:
-    """The small chat model's template: the user's turn, then the header of the assistant's."""
-    return f"user: {message}\nassistant: "
-
-
-CHAT_TOKENIZER = CharTokenizer(chat_prompt("1234567890") + TARGET_CHARS + CHAT_END)
-PAD_ID = CHAT_TOKENIZER.encode(" ")[0]
-CHAT_SIZES = {"vocab_size": CHAT_TOKENIZER.vocab_size, "max_len": 40, "n_layers": 2, "n_heads": 4, "d_model": 64}
-
-
-def chat_encode(text: str) -> list[int]:
-    return CHAT_TOKENIZER.encode(text)
-
-
 def _batch_cases(gen: torch.Generator) -> list[Case]:
     digits, hangul = "0123456789", TARGET_CHARS
 
@@ -411,15 +360,8 @@ def sft_batch(pairs: list[list[str]], pad_id: int) -> tuple[torch.Tensor, torch.
 # ------------------------------------------------------------------ a short SFT run, the learner's own loop
 
 SFT_SETTINGS = {"steps": 300, "batch_size": 64, "lr": 3e-3}
-SFT_EXACT = 0.75  # held-out exact match the trained model must reach; the solution reached 0.89 and 0.94 (two seeds)
+SFT_EXACT = 0.6  # held-out exact match the trained model must reach; the solution reached 82.5% to 98.5% in the seeds tried
 HELD_OUT_READINGS = 200  # held-out numbers the grader reads with the trained model
-
-
-@lru_cache(maxsize=1)
-def chat_numbers() -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Lesson 10's numbers of 1-4 digits: (to train on, held out)."""
-    splits = split_by_number(5000, 4, seed=0)
-    return tuple(splits["train"]), tuple(splits["test"])
 
 
 def chat_model(state: dict | None = None, seed: int = 0) -> GPT:
@@ -455,15 +397,15 @@ def _trained_state(got: Any) -> tuple[dict | None, list[float] | None, Any]:
     """((state, losses), trace) as the traced verdicts receive it."""
     value, trace = got if isinstance(got, tuple) and len(got) == 2 else (got, None)
     if isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[0], dict):
-        losses = value[1]
-        if isinstance(losses, (list, tuple)) and all(isinstance(v, (int, float)) for v in losses):
-            return value[0], [float(v) for v in losses], trace
+        losses = value[1]  # a float64 tensor (a list of hundreds of numbers is over the sandbox's result caps)
+        if isinstance(losses, torch.Tensor) and losses.ndim == 1 and losses.is_floating_point():
+            return value[0], [float(v) for v in losses.tolist()], trace
     return None, None, trace
 
 
 def _loop_problem(state, losses, trace, steps: int) -> str | None:
     if state is None:
-        return _("the function must return (model.state_dict(), the list of the loop's losses); run its cell unchanged")
+        return _("the function must return (model.state_dict(), the loop's losses as a tensor); run its cell unchanged")
     if not isinstance(trace, torch.Tensor) or trace.ndim != 2 or trace.shape[0] != steps:
         counted = trace.shape[0] if isinstance(trace, torch.Tensor) and trace.ndim == 2 else 0
         return _("the grader counted {counted} optimizer.step() calls; the settings ask for exactly {steps}",
@@ -527,14 +469,6 @@ def sft_training(settings: dict) -> float:
 DPO_SETTINGS = {"steps": 40, "batch_size": 32, "lr": 1e-3, "beta": 0.1}
 DPO_PREFERS = 0.9  # held-out pairs whose chosen answer the policy must score above the rejected one
 DPO_HELD_PAIRS = 150
-
-
-def formal_numbers() -> tuple[list[int], list[int]]:
-    """The numbers whose formal reading differs from the everyday one (a silent 1 said as 일): to train on,
-    held out."""
-    train, held = chat_numbers()
-    return ([n for n in train if read_number_formal(n) != read_number(n)],
-            [n for n in held if read_number_formal(n) != read_number(n)])
 
 
 @lru_cache(maxsize=1)
