@@ -251,8 +251,9 @@ def _injection_cases(gen: torch.Generator) -> list[Case]:
         spec = {"vocab": 11, "d": d, "hidden": hidden, "blocks": blocks, "bias": bias,
                 "seed": int(torch.randint(2 ** 31, (1,), generator=gen))}
         ids = torch.randint(11, (2, 5), generator=gen)
+        quoted = ", ".join(f"'{t}'" for t in targets)
         cases.append(Case(N_("a model of {blocks} block(s) of width {d}, targets {targets}, rank {rank}, "
-                             "alpha={alpha:g}", blocks=blocks, d=d, targets=", ".join(targets), rank=rank, alpha=alpha),
+                             "alpha={alpha:g}", blocks=blocks, d=d, targets=quoted, rank=rank, alpha=alpha),
                           (spec, list(targets), rank, alpha, ids)))
     return cases
 
@@ -360,7 +361,7 @@ def sft_batch(pairs: list[list[str]], pad_id: int) -> tuple[torch.Tensor, torch.
 # ------------------------------------------------------------------ a short SFT run, the learner's own loop
 
 SFT_SETTINGS = {"steps": 300, "batch_size": 64, "lr": 3e-3}
-SFT_EXACT = 0.6  # held-out exact match the trained model must reach; the solution reached 82.5% to 98.5% in the seeds tried
+SFT_EXACT = 0.6  # held-out exact match to reach; the solution reached 82.5% to 98.5% in the seeds tried
 HELD_OUT_READINGS = 200  # held-out numbers the grader reads with the trained model
 
 
