@@ -100,12 +100,12 @@ def skipgram_pairs(ids: torch.Tensor, sentence: torch.Tensor, window: int,
         reach = torch.randint(1, window + 1, (n,), generator=gen)
     centres, contexts = [], []
     for o in range(1, min(window, n - 1) + 1):
-        left, right = torch.arange(n - o), torch.arange(o, n)  # positions i and i + o
+        left, right = slice(0, n - o), slice(o, n)  # positions i and i + o
         same = sentence[left] == sentence[right]
         fwd = same & (reach[left] >= o)  # centre i sees i + o
         bwd = same & (reach[right] >= o)  # centre i + o sees i
-        centres += [ids[left[fwd]], ids[right[bwd]]]
-        contexts += [ids[right[fwd]], ids[left[bwd]]]
+        centres += [ids[left][fwd], ids[right][bwd]]
+        contexts += [ids[right][fwd], ids[left][bwd]]
     if not centres:
         empty = torch.empty(0, dtype=ids.dtype)
         return empty, empty.clone()
@@ -149,25 +149,25 @@ class SkipGram(nn.Module):
         The gradient of the loss w.r.t. a score s = u · v is σ(s) - label, so the step touches
         only the B + B·(K+1) rows in play. It equals ``forward(...).sum().backward()`` followed
         by ``p -= lr * p.grad`` (the tests check this), several times faster: rows are read with
-        ``index_select`` and written back with ``scatter_add_`` (repeated ids add up), PyTorch's
-        fast CPU paths for row lookups and row sums. The rows' update is written over ``u`` once
-        ``u`` is used up: the step's time grows with D (it moves (B·(1+K), D) blocks through
-        memory), and this is one such block fewer to allocate and fill.
+        ``index_select`` and their changes added back with ``index_add_`` (repeated ids add up).
+        The step is bound by memory traffic, not arithmetic: it moves (B, 1+K, D) blocks, so it
+        makes as few of them as it can (the rows' update is written over ``u`` once ``u`` is
+        used up) and as few calls as it can (each costs microseconds of Python).
         Returns the mean loss of the batch before the step.
         """
-        B, D = centre.numel(), self.in_embed.shape[1]
-        targets = torch.cat([context[:, None], noise], dim=1).reshape(-1)  # (B·(1+K),) context first
+        D = self.in_embed.shape[1]
+        targets = torch.cat([context[:, None], noise], dim=1)  # (B, 1+K): the context word first
+        labels = torch.zeros(targets.shape[1])
+        labels[0] = 1.0  # 1 for the context word, 0 for the noise words
         v = self.in_embed.index_select(0, centre)  # (B, D)
-        u = self.out_embed.index_select(0, targets).view(B, -1, D)  # (B, 1+K, D)
+        u = self.out_embed.index_select(0, targets.view(-1)).view(*targets.shape, D)  # (B, 1+K, D)
         scores = (u * v[:, None, :]).sum(-1)  # (B, 1+K): u_o · v_c, then u_k · v_c
-        loss = -(F.logsigmoid(scores[:, 0]) + F.logsigmoid(-scores[:, 1:]).sum(-1)).mean()
-        step = torch.sigmoid(scores)
-        step[:, 0] -= 1.0  # dloss/dscore = σ(s) - label, label 1 for the context word, 0 for noise
-        step *= -lr
+        loss = -F.logsigmoid(scores * (2 * labels - 1)).sum(-1).mean()  # sgns_loss, from the scores
+        step = torch.sigmoid(scores).sub_(labels).mul_(-lr)  # -lr · dloss/dscore = -lr · (σ(s) - label)
         delta_v = torch.bmm(step[:, None, :], u).squeeze(1)  # (B, D): -lr · Σ_k g_k u_k
-        delta_u = torch.mul(step[..., None], v[:, None, :], out=u).view(-1, D)  # (B·(1+K), D): -lr · g_k v_c
-        self.out_embed.scatter_add_(0, targets[:, None].expand(-1, D), delta_u)
-        self.in_embed.scatter_add_(0, centre[:, None].expand(-1, D), delta_v)
+        delta_u = torch.mul(step[..., None], v[:, None, :], out=u)  # (B, 1+K, D): -lr · g_k v_c
+        self.out_embed.index_add_(0, targets.view(-1), delta_u.view(-1, D))
+        self.in_embed.index_add_(0, centre, delta_v)
         return float(loss)
 
 
@@ -291,8 +291,8 @@ def _train_sgns(sentences: Sequence[Sequence[str]], config: Word2VecConfig, log_
     for _ in range(config.epochs):
         kept = torch.rand(ids.shape, generator=gen, dtype=torch.float64) < keep[ids]
         centre, context = skipgram_pairs(ids[kept], sid[kept], config.window, gen)
-        order = torch.randperm(centre.numel(), generator=gen)
-        run.epoch(centre[order].to(device), context[order].to(device))
+        order = torch.randperm(centre.numel(), generator=gen)  # index_select: ~2x faster than centre[order]
+        run.epoch(centre.index_select(0, order).to(device), context.index_select(0, order).to(device))
         bar.set_postfix(loss=f"{run.losses[-1]:.3f}" if run.losses else "")
         bar.update(1)
     bar.close()

@@ -211,3 +211,15 @@ def test_the_nbgrader_config_sets_the_lessons_own_cell_timeout(tmp_path):
     seconds = lesson11.metadata["course"]["grading"]["cell_timeout"]
     assert seconds >= 600 and f"c.Execute.timeout = {seconds}\n" in config
     ast.parse(config)  # still a valid Python file
+
+
+@pytest.mark.parametrize("page", ["instructors.md", "instructors.ko.md"])
+def test_the_nbgrader_section_states_what_an_instructor_must_know_first(page):
+    """Issue 48 item 6: before autograding, an instructor reads that nbgrader needs the environment activated
+    (it runs ``alembic`` by name), that the config sets the cell time limit, and that an answer cell can switch
+    the strict checks off (nbgrader runs answers and checks in one kernel: a blank lesson-11 notebook with
+    ``checks.STRICT = False`` in its first answer cell autogrades 29/30)."""
+    text = (ROOT / "docs" / "pages" / page).read_text()
+    section = text[text.index("nbgrader generate_assignment") - 2000:]
+    for needed in ("alembic", "c.Execute.timeout", "checks.STRICT = False", "course grade"):
+        assert needed in section, (page, needed)

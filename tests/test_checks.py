@@ -155,6 +155,79 @@ def test_letters_and_numbers_of_questions(capsys):
     assert checks.run("uniform_weight", lambda: 0.2).status == checks.FAIL
 
 
+@pytest.fixture
+def fresh_kernel():
+    """No multiple-choice answer committed yet (``checks.FIRST`` lives as long as the kernel)."""
+    checks.FIRST.clear()
+    yield
+    checks.FIRST.clear()
+
+
+def wrong_letters(name: str) -> dict[str, str]:
+    """A multiple-choice question's wrong options and the hint of each."""
+    from course_tools.messages import say
+
+    return {wrong: say(why) for wrong, why in checks.get(name).hints[0].table.items()}
+
+
+def test_a_multiple_choice_retry_lists_no_other_options_hint(fresh_kernel, capsys):
+    """Issue 45 item 6: trying every letter teaches nothing the first answer's feedback did not. The first
+    answer gets its own hint and then the full explanation; later answers get right or not right only."""
+    ex = checks.get("mask_for_pattern")
+    hints = wrong_letters("mask_for_pattern")
+    first, *others = sorted(hints)
+    check.mask_for_pattern(first)
+    out = capsys.readouterr().out
+    assert hints[first] in out and "why: " + ex.explain in out and "'a', is recorded" in out
+    for letter in [*others, ex.reference()]:
+        check.mask_for_pattern(letter)
+        out = capsys.readouterr().out
+        assert not any(hint in out for hint in hints.values()), out
+        assert "why:" not in out and "hint" not in out and "your first answer, 'a', is the one that counts" in out
+
+
+def test_a_multiple_choice_check_counts_the_first_committed_answer(fresh_kernel, monkeypatch, capsys):
+    monkeypatch.setattr(checks, "STRICT", True)
+    with pytest.raises(checks.CheckFailed):
+        check.mask_for_pattern("a")
+    with pytest.raises(checks.CheckFailed, match="your first answer, 'a', is the one that counts"):
+        check.mask_for_pattern("c")  # right, but not first
+    checks.FIRST.clear()  # another kernel: a right first answer passes, and a later wrong one does not undo it
+    check.mask_for_pattern("c")
+    check.mask_for_pattern("a")
+
+
+def test_a_right_first_answer_reads_as_before(fresh_kernel, capsys):
+    """The stored outputs of every solutions notebook's self-checks stay as they are."""
+    check.mask_for_pattern("c")
+    assert capsys.readouterr().out == checks.run("mask_for_pattern", lambda: "c").report() + "\n"
+
+
+def test_a_capital_letter_is_no_answer_and_singles_out_no_option(fresh_kernel, capsys):
+    """Only the right letter in capitals used to get the lower-case hint: a one-query oracle."""
+    for letter in "ABCD":
+        check.mask_for_pattern(letter)
+        assert capsys.readouterr().out.strip() == \
+            f"mask_for_pattern: write just the letter, in lower case: {letter.lower()!r}"
+        ex = checks.get("mask_for_pattern")
+        line = checks.judge(ex, checks.Case("your answer"), letter, ex.reference()).line
+        assert "write just the letter" in line  # the grader's feedback too, for every letter
+    assert not checks.FIRST
+
+
+def test_the_multiple_choice_messages_are_korean_too(fresh_kernel, capsys):
+    from course_tools import messages
+
+    messages.use("ko")
+    try:
+        check.mask_for_pattern("a")
+        check.mask_for_pattern("b")
+        out = capsys.readouterr().out
+    finally:
+        messages.use("en")
+    assert "첫 답 'a'" in out and "your first answer" not in out
+
+
 def test_explanations_are_printed_only_on_a_pass():
     ex = checks.get("norm_axis")
     assert ex.is_question and ex.explain

@@ -174,6 +174,7 @@ REASONING = {
     "11": {"capstone_params_added", "capstone_diagnosis", "capstone_top_k_prob"},
     "12": {"roofline_tokens_per_s", "gguf_rope_layout", "korean_tokens"},
     "13": {"smollm2_lora_parameters", "dpo_loss_at_start", "answer_positions", "both_zero_choice"},
+    "15": {"identical_position_patch", "uniform_induction_score", "selectivity_choice", "mean_ablation_change"},
 }
 
 

@@ -1,7 +1,7 @@
-"""Readable reports (issue 48, item 7): an answer cell's own error (a SyntaxError, with its line) is reported
-for the exercise it answers, also where the answer cell and the exercise have different names (lesson 11:
-``my_generate`` answers ``capstone_sampling``); and the feedback is also a self-contained HTML page, escaped
-once, that a browser shows as the text it holds, in English and in Korean.
+"""Readable reports (issue 48, item 7): an answer cell's own error (a SyntaxError or an error raised when the
+cell ran, with its line) is reported for the exercise it answers, also where the answer cell and the exercise
+have different names (lesson 11: ``my_generate`` answers ``capstone_sampling``); and the feedback is also a
+self-contained HTML page, escaped once, that a browser shows as the text it holds, in English and in Korean.
 
 The grading runs use a stand-in for the sandbox (``RaisingCell``) that answers like a kernel in which one
 answer cell raised a SyntaxError; the real sandbox reports the same ``RunReport`` (tests/test_grade.py).
@@ -19,10 +19,11 @@ import pytest
 from browser import chromium
 
 from course_tools.cli import main
-from course_tools.grading import grade, results
+from course_tools.grading import grade, results, worker
 from course_tools.grading.job import RunReport
 from course_tools.grading.report import ExerciseScore, Submission, feedback_html
 from course_tools.grading.sandbox import RunResult
+from course_tools.notebook_exec import execute, make_client
 
 ROOT = Path(__file__).resolve().parent.parent
 SYNTAX = "SyntaxError: invalid syntax (<IPY-INPUT>, line 6)"  # as the worker reads it from the kernel
@@ -94,6 +95,52 @@ def test_an_exercises_own_answer_cell_names_its_line(monkeypatch, tmp_path):
     assert dots["status"] == "error: SyntaxError: invalid syntax (line 6)"
     assert dots["lines"][0] == "  ✗ the answer cell pairwise_dots raised SyntaxError: invalid syntax (line 6)"
     assert exercise(row, "flatten_tokens")["status"] == f"error: {NAME_ERROR}"
+
+
+RUNTIME_ANSWER = ("def pairwise_dots(a, b):\n    return a @ b.T\n\n"
+                  "scale = helper_from_nowhere(2)\n")  # raises NameError at line 4, after defining the function
+
+
+def test_a_cell_that_raises_at_run_time_names_its_line(tmp_path):
+    """The worker reads the line of the answer cell from the kernel's traceback: its first frame is the cell
+    itself, even when the error comes from a function defined in an earlier cell."""
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("def half(x):\n    return 1 / x\n"),
+        nbformat.v4.new_code_cell("a = 1\n\ndef g():\n    return half(0)\n\nb = g()\n"),
+        nbformat.v4.new_code_cell(RUNTIME_ANSWER),
+        nbformat.v4.new_code_cell("1 +* 2\n"),
+    ])
+    execute(make_client(nb, tmp_path, cell_timeout=60, allow_errors=True))
+    assert worker.cell_errors(nb) == {"1": "ZeroDivisionError: division by zero (line 6)",
+                                      "2": "NameError: name 'helper_from_nowhere' is not defined (line 4)",
+                                      "3": "SyntaxError: invalid syntax (<IPY-INPUT>, line 1)"}
+
+
+def test_the_line_survives_a_long_message():
+    long = {"output_type": "error", "ename": "ValueError", "evalue": "x" * 5000,
+            "traceback": ["\x1b[31m---\x1b[39m", "\x1b[36mCell\x1b[39m\x1b[36m \x1b[39m\x1b[32mIn[3]\x1b[39m"
+                          "\x1b[32m, line 12\x1b[39m\n\x1b[32m---> \x1b[39m\x1b[32m12\x1b[39m f()\n",
+                          "File /x/y.py:3, in f()\n", "ValueError: xxx"]}
+    text = worker.error_text(long)
+    assert text.endswith(" (line 12)") and len(text) < 300  # grade.answer_cell_error keeps 300 characters
+
+
+@pytest.mark.slow
+def test_a_run_time_error_in_an_answer_cell_is_graded_with_its_line(tmp_path):
+    """End to end, in the real sandbox: the function the cell defined before raising is still checked
+    (its cases pass), the exercise's status is the cell's error with its line, first in its feedback."""
+    nb = copy.deepcopy(nbformat.read(ROOT / "exercises" / "00_setup.ipynb", as_version=4))
+    cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "pairwise_dots")
+    cell.source = RUNTIME_ANSWER
+    folder = tmp_path / "subs"
+    folder.mkdir()
+    nbformat.write(nb, folder / "student.ipynb")
+    assert main(["grade", str(folder), "--out", str(tmp_path / "out"), "--jobs", "1"]) == 0
+    [row] = json.loads((tmp_path / "out" / "results.json").read_text())
+    dots = exercise(row, "pairwise_dots")
+    error = "NameError: name 'helper_from_nowhere' is not defined (line 4)"
+    assert dots["status"] == f"error: {error}" and dots["points"] == 0
+    assert dots["lines"][0] == f"  ✗ the answer cell pairwise_dots raised {error}"
 
 
 class Text(HTMLParser):

@@ -278,6 +278,7 @@ class CheckResult:
     explain: str = ""
     question: bool = False
     blocked: str = ""  # why it does not count while an exercise it builds on fails (``unmet``)
+    choice: bool = False  # a multiple-choice question (the answer is one lower-case letter): ``committed``
 
     @property
     def passed(self) -> int:
@@ -454,9 +455,10 @@ def run(name: str, fn: Callable, seed: int | None = None) -> CheckResult:
     """Check ``fn`` against exercise ``name`` on cases drawn with ``seed`` (fresh if None)."""
     ex = get(name)
     cases = draw(name, fresh_seed() if seed is None else seed)
-    outcomes = []
+    outcomes, choice = [], False
     for case in cases:
         expected = call(ex.reference, case)
+        choice = choice or (ex.is_question and is_letter(expected))
         with optimizer_trace() as steps, \
                 bare_torch.guard() if bare_torch.guarded(name) else contextlib.nullcontext():
             status, got = attempt(fn, _clone(case.args), _clone(case.kwargs))
@@ -468,7 +470,45 @@ def run(name: str, fn: Callable, seed: int | None = None) -> CheckResult:
             outcomes.append(judge(ex, case, (got, trace_tensor(steps)) if ex.traced else got, expected))
     status = LAST[name] = result_status(outcomes)
     blocked = unmet(ex, LAST) if status != NOT_ATTEMPTED else None
-    return CheckResult(name, FAIL if blocked else status, outcomes, ex.explain, ex.is_question, blocked or "")
+    return CheckResult(name, FAIL if blocked else status, outcomes, ex.explain, ex.is_question, blocked or "",
+                       choice)
+
+
+def is_letter(x: Any) -> bool:
+    """Whether ``x`` is a multiple-choice answer as the questions write it: one lower-case letter."""
+    return isinstance(x, str) and len(x) == 1 and x.isalpha() and x.islower()
+
+
+FIRST: dict[str, tuple[str, str]] = {}
+"""The first committed answer to each multiple-choice question in this kernel, and its status: the one
+the check counts (``committed``)."""
+
+
+def committed(result: CheckResult, answer: Any) -> tuple[str, str]:
+    """The feedback on a multiple-choice answer and the status the check counts. The first answer (one
+    lower-case letter) is recorded; it gets its verdict, the hint of its misconception and then the full
+    explanation, right or wrong. A later, different answer is told only right or not right: no option's
+    hint and no explanation again, so trying every letter teaches nothing the first answer's feedback
+    did not, and the first answer is the one that counts. A letter not written as one lower-case letter
+    is not an answer yet (whichever letter it is: no hint that singles out the right one)."""
+    if isinstance(answer, str) and not is_letter(answer) and is_letter(answer.strip().lower()):
+        return _("{name}: write just the letter, in lower case: {letter!r}", name=result.name,
+                 letter=answer.strip().lower()), NOT_ATTEMPTED
+    text = _short(answer)
+    first, status = FIRST.setdefault(result.name, (text, result.status))
+    if text == first:  # the first answer, or the same one again (a right one: the feedback as for any question)
+        lines = [result.report()]
+        if result.status != PASS:
+            if result.explain:
+                lines.append("  " + _("why: {why}", why=say(result.explain)))
+            lines.append("  · " + _("your first answer, {answer}, is recorded: it is the one that counts; a "
+                                    "different answer now is told only right or not right", answer=first))
+        return "\n".join(lines), status
+    if result.status == PASS:
+        return _("{name}: {answer} is right; your first answer, {first}, is the one that counts (its feedback and "
+                 "the explanation were shown after it)", name=result.name, answer=text, first=first), status
+    return _("{name}: {answer} is not the answer; your first answer, {first}, is the one that counts (its feedback "
+             "and the explanation were shown after it)", name=result.name, answer=text, first=first), status
 
 
 class CheckFailed(AssertionError):
@@ -488,12 +528,16 @@ class _Checker:
         get(name)  # fail fast with the list of known exercises
 
         def checker(fn: Any, seed: int | None = None) -> None:
+            answer = fn
             if not callable(fn):  # a question's answer: the value itself
                 fn = returning(fn)
             result = run(name, fn, seed)
-            print(result.report())
-            if STRICT and result.status != PASS:
-                raise CheckFailed(result.summary())
+            text, status = result.report(), result.status
+            if result.choice and status != NOT_ATTEMPTED:
+                text, status = committed(result, answer)
+            print(text)
+            if STRICT and status != PASS:
+                raise CheckFailed(result.summary() if status == result.status else text.splitlines()[0])
 
         checker.__name__ = name
         return checker

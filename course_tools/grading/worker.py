@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import signal
 import sys
@@ -28,6 +29,10 @@ from course_tools.grading.submission import GRADER_CELL
 from course_tools.notebook_exec import CurrentEnvKernelManager, execute, make_client
 
 FORMAT_FAILURE = "Unexpected exception formatting exception"
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# the first frame of a cell's traceback is the cell itself ("Cell In[7], line 4", no ", in f()" after it)
+CELL_FRAME = re.compile(r"(?:Cell In\[\d*\], line |File <IPY-INPUT>:)(\d+)\s*(?:\n|$)")
+VALUE_CHARS = 200  # of an exception's message, so the line after it survives the grader's cuts
 RLIMITS = {"address_space": resource.RLIMIT_AS, "processes": resource.RLIMIT_NPROC,
            "file_size": resource.RLIMIT_FSIZE}
 
@@ -63,16 +68,37 @@ class CappedMessagesKernelManager(CurrentEnvKernelManager):
         return super().client(context=context, **kwargs)
 
 
+def cell_line(traceback: object) -> int | None:
+    """The line of the cell at which its own code raised: the first frame of its traceback, which
+    IPython writes ``Cell In[7], line 4`` (later frames may be functions defined in other cells)."""
+    if not isinstance(traceback, list):
+        return None
+    for entry in traceback:
+        match = CELL_FRAME.match(ANSI.sub("", str(entry)))
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def error_text(out: dict) -> str:
+    """One error output as "Type: message", with "(line N)" of the cell where a run-time error raised
+    (a SyntaxError's message names its line itself: "(<IPY-INPUT>, line N)")."""
+    value = str(out.get("evalue", "")).strip().splitlines()
+    text = f"{str(out.get('ename'))[:80]}: {value[0][:VALUE_CHARS] if value else ''}".rstrip(": ")
+    line = None if "<IPY-INPUT>, line" in text else cell_line(out.get("traceback"))
+    return f"{text} (line {line})" if line is not None else text
+
+
 def cell_errors(nb: nbformat.NotebookNode) -> dict[str, str]:
-    """Index -> "Type: message" for every cell that raised. IPython sometimes cannot format a
-    traceback and prints it as plain text instead; its last line then names the exception."""
+    """Index -> "Type: message" (with the cell's line, ``error_text``) for every cell that raised.
+    IPython sometimes cannot format a traceback and prints it as plain text instead; its last line
+    then names the exception."""
     errors = {}
     for index, cell in enumerate(nb.cells):
         outputs = cell.get("outputs", [])
         for out in outputs:
             if out.get("output_type") == "error":
-                value = str(out.get("evalue", "")).strip().splitlines()
-                errors[str(index)] = f"{out.get('ename')}: {value[0] if value else ''}".rstrip(": ")
+                errors[str(index)] = error_text(out)
         text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
         if str(index) not in errors and FORMAT_FAILURE in text:
             lines = [line for line in text.strip().splitlines() if line and not line.startswith(" ")]

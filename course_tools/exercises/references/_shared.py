@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from course_tools.exercises.checks import is_letter
 from course_tools.messages import _
 
 ATOL, RTOL = 1e-4, 1e-3  # the tolerance of a hint's comparison; the checker's own is in checks.compare
@@ -59,8 +60,11 @@ def known_wrong(table: dict[Any, str]) -> Callable[[Any, Any, Any], str | None]:
     tuple, a letter), and the form of a letter written in capitals or with spaces."""
 
     def hint(case: Any, got: Any, expected: Any) -> str | None:
-        if isinstance(got, str) and isinstance(expected, str) and got.strip().lower() == expected:
-            return _("write just the letter, in lower case: {got_strip_lower!r}", got_strip_lower=got.strip().lower())
+        form = got.strip().lower() if isinstance(got, str) else None
+        # any letter written so, not only the right one: the hint must not single out the right letter
+        letters = is_letter(expected) and is_letter(form)
+        if isinstance(expected, str) and form not in (None, got) and (form == expected or letters):
+            return _("write just the letter, in lower case: {got_strip_lower!r}", got_strip_lower=form)
         return next((why for wrong, why in table.items() if _same_answer(got, wrong)), None)
 
     hint.table = table  # the known wrong answers, for the tests that try them
