@@ -172,7 +172,7 @@ REASONING = {
            "mqa_params_saved"},
     "10": {"predictions_scored", "batched_beam_candidates", "reading_101010"},
     "11": {"capstone_params_added", "capstone_diagnosis", "capstone_top_k_prob"},
-    "12": {"roofline_tokens_per_s", "gguf_rope_layout", "korean_tokens"},
+    "12": {"q5_1_bits", "kv_cache_megabytes", "top_p_second_prob", "rope_row"},
     "13": {"smollm2_lora_parameters", "dpo_loss_at_start", "answer_positions", "both_zero_choice"},
     "15": {"identical_position_patch", "uniform_induction_score", "selectivity_choice", "mean_ablation_change"},
 }

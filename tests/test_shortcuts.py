@@ -60,10 +60,10 @@ def test_the_course_solutions_lose_nothing_to_the_static_check(lesson):
 
 
 def test_an_experiment_using_a_library_function_costs_no_other_exercise():
-    # solutions/12's experiment cell (q4_1_loss_increase) calls quantize.roundtrip; before, the names of all
+    # solutions/12's experiment cell (row_vs_block_cost) calls quantize.roundtrip; before, the names of all
     # answer cells were pooled and the hand-written q8_0_roundtrip scored 0
     cell = next(c.source for c in nbformat.read(ROOT / "solutions" / "12_real_llm.ipynb", as_version=4).cells
-                if (c.metadata.get("nbgrader") or {}).get("grade_id") == "q4_1_loss_increase")
+                if (c.metadata.get("nbgrader") or {}).get("grade_id") == "row_vs_block_cost")
     assert "quantize.roundtrip" in cell
     assert "q8_0_roundtrip" not in zeroed(judged("12_real_llm"))
 
@@ -75,7 +75,7 @@ def test_the_same_call_in_the_exercise_own_cell_still_scores_zero():
 
 def test_a_binding_in_one_cell_and_the_use_in_another_are_followed():
     sub = judged("12_real_llm", {
-        "q4_1_loss_increase": "from course_utils.quantize import roundtrip as rt\n\n"
+        "row_vs_block_cost": "from course_utils.quantize import roundtrip as rt\n\n"
                               "def helper(x):\n    return rt(x, 'q8_0')\n",
         "q8_0_roundtrip": "def q8_0_roundtrip(x):\n    return helper(x)\n"})
     assert "q8_0_roundtrip" in zeroed(sub)
@@ -94,7 +94,7 @@ def test_a_learner_own_definition_of_a_name_the_lesson_imports_is_theirs():
 
 def test_the_graded_function_defined_in_another_cell_is_judged_for_its_exercise():
     sub = judged("12_real_llm", {
-        "q4_1_loss_increase": "from course_utils import quantize\n\n"
+        "row_vs_block_cost": "from course_utils import quantize\n\n"
                               "def q8_0_roundtrip(x):\n    return quantize.roundtrip(x, 'q8_0')\n",
         "q8_0_roundtrip": "pass\n"})
     assert "course_utils.quantize.roundtrip" in zeroed(sub)["q8_0_roundtrip"] and sub.flags
@@ -133,6 +133,30 @@ def test_a_capstone_built_from_course_classes_scores_zero_on_the_stages_it_touch
     assert "course_utils.train.train" not in got["capstone_sampling"]
     # the cells touch the model and the loop, not the answers to questions nor the from-the-metal track
     assert not {"capstone_params_added", "capstone_diagnosis", "metal_linear", "metal_training"} & set(got)
+
+
+def test_a_llama_built_from_course_classes_scores_zero_on_the_stages_it_touches():
+    # lesson 12's part 2 (issue 45): the learner's LLaMA, cache and decoding loop; a submission that builds them
+    # from course_utils classes and functions loses every llama_* stage it touches, and is flagged
+    sub = judged("12_real_llm", {
+        "my_llama": "from course_utils.gpt import GPT\n\nclass Llama(GPT):\n    pass\n",
+        "my_decoding": "from course_utils import generate as g\n\n"
+                       "def next_token_probs(logits, temperature, top_p):\n"
+                       "    return g.next_token_probs(logits, temperature, top_p=top_p)\n"})
+    got = zeroed(sub)
+    assert {"llama_forward", "llama_smollm2", "llama_kv_cache", "llama_top_p", "llama_generate"} <= set(got)
+    assert "course_utils.gpt.GPT" in got["llama_forward"] and sub.flags
+    assert "course_utils.generate.next_token_probs" in got["llama_top_p"]
+    # part 1, the questions and the experiment are not touched by these cells
+    assert not {"dequantize_q4_1", "chatml_prompt", "q5_1_bits", "rope_row", "row_vs_block_cost"} & set(got)
+
+
+def test_the_mapping_written_with_the_library_permutation_scores_zero():
+    source = ("from course_utils.positional import rope_halves_to_pairs\n\n"
+              "def map_tensor(name, weight, n_heads, n_kv_heads):\n"
+              "    return name, rope_halves_to_pairs(weight, n_heads)\n")
+    got = zeroed(judged("12_real_llm", {"my_mapping": source}))
+    assert "course_utils.positional.rope_halves_to_pairs" in got["llama_mapping"]
 
 
 def test_a_removed_class_refuses_to_be_built_and_its_subclass_inherits_nothing(tmp_path):
@@ -191,7 +215,7 @@ def test_a_syntax_error_scores_that_exercise_zero_with_its_line():
 def test_a_long_written_explanation_is_never_parsed():
     # a markdown answer of 100,000 characters: before, ast.parse ran on it and raised MemoryError, and the
     # rule was skipped for the whole submission ("grader error")
-    sub = judged("12_real_llm", {"q4_1_loss_increase_explanation": "-" * 100_000 + "1",
+    sub = judged("12_real_llm", {"row_vs_block_cost_explanation": "-" * 100_000 + "1",
                                  "q8_0_roundtrip": SHORTCUT_ROUNDTRIP})
     assert set(zeroed(sub)) == {"q8_0_roundtrip"}
 
@@ -200,9 +224,9 @@ def test_a_cell_the_parser_runs_out_of_memory_on_scores_zero_not_skipped():
     nested = "x = " + "-" * 20_000 + "1\n"  # CPython's parser runs out of stack: MemoryError
     deep = "y = a" + ".b" * 300 + "\n"  # parses, but deeper than the check reads
     sub = judged("12_real_llm", {"q8_0_roundtrip": nested + "def q8_0_roundtrip(x):\n    return x\n",
-                                 "q4_1_bits": deep + "def q4_1_bits():\n    return 5.0\n"})
+                                 "q5_1_bits": deep + "def q5_1_bits():\n    return 6.0\n"})
     got = zeroed(sub)
-    assert "MemoryError" in got["q8_0_roundtrip"] and "nested too deeply" in got["q4_1_bits"] and sub.flags
+    assert "MemoryError" in got["q8_0_roundtrip"] and "nested too deeply" in got["q5_1_bits"] and sub.flags
 
 
 def test_cells_not_read_in_time_get_a_timeout_status():
@@ -225,8 +249,8 @@ def test_a_failure_of_the_reader_blinds_the_check_so_kept_exercises_score_zero(m
 # --- 5. the cost is bounded -------------------------------------------------------------------------
 
 def test_a_cell_over_the_size_limit_is_refused_with_a_status():
-    source = "# " + "x" * cell_summary.MAX_CHARS + "\ndef q4_1_bits():\n    return 5.0\n"
-    status = zeroed(judged("12_real_llm", {"q4_1_bits": source}))["q4_1_bits"]
+    source = "# " + "x" * cell_summary.MAX_CHARS + "\ndef q5_1_bits():\n    return 6.0\n"
+    status = zeroed(judged("12_real_llm", {"q5_1_bits": source}))["q5_1_bits"]
     assert "too long for the static check" in status
 
 

@@ -170,9 +170,11 @@ def _identifiers(node: ast.AST) -> set[str]:
 
 @cache
 def _library_uses() -> dict[str, set[str]]:
-    """Each top-level function or class of ``course_utils`` (by name) -> the names its body uses."""
+    """Each top-level function or class of ``course_utils`` (by name) -> the names its body uses; the
+    subpackages' ``__init__.py`` count too (``pretrained.load`` builds a ``gpt.GPT``)."""
     uses: dict[str, set[str]] = {}
-    for path in sorted((ROOT / "course_utils").glob("*.py")):
+    folder = ROOT / "course_utils"
+    for path in sorted(folder.glob("*.py")) + sorted(folder.glob("*/__init__.py")):
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 uses.setdefault(node.name, set()).update(_identifiers(node) - {node.name})
