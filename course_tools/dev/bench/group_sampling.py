@@ -85,9 +85,10 @@ def main(args: argparse.Namespace) -> int:
     with torch.no_grad():
         ours = grpo.sample_group(model, prompts[:1], 1, n, temperature=0.0).completions[0].tolist()
         theirs = hf.generate(input_ids=prompts[:1], attention_mask=torch.ones_like(prompts[:1]), do_sample=False,
-                             max_new_tokens=n, min_new_tokens=n, pad_token_id=tok.token_id(chat.END))
+                             max_new_tokens=n, pad_token_id=tok.token_id(chat.END))  # it stops at <|im_end|>
     theirs = theirs[0, prompts.shape[1]:].tolist()
-    same = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b), n)
+    shared = min(len(ours), len(theirs))
+    same = next((i for i in range(shared) if ours[i] != theirs[i]), shared)
     course(), hugging_face()  # warm-up
     load_before = load_average()
     runs = interleave({"course": course, "Hugging Face": hugging_face}, args.rounds)
@@ -96,7 +97,8 @@ def main(args: argparse.Namespace) -> int:
     print(f"SmolLM2-135M-Instruct, {prompts.shape[0]} prompts of {prompts.shape[1]} tokens, G = {G}, {n} new tokens "
           f"each, {args.threads} threads, load average {load_before} before and {load_average()} after, "
           f"{args.rounds} interleaved rounds")
-    print(f"  greedy continuations of the first prompt agree for the first {same} of {n} tokens")
+    print(f"  greedy continuations of the first prompt agree for the first {same} of {len(theirs)} tokens "
+          f"(Hugging Face's stops at the end token)")
     for name, values in runs.items():
         print(f"  {name:<13} {statistics.median(values):7.1f} tokens/s (from {min(values):.1f} to {max(values):.1f})")
     print(f"  course / Hugging Face: median {statistics.median(ratios):.3f} (95% interval {low:.3f}-{high:.3f}; "
