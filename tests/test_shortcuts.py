@@ -6,10 +6,10 @@ solution is ``test_every_solution_scores_full_marks_under_course_grade`` (slow, 
 
 import copy
 import json
+import resource
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import nbformat
@@ -256,13 +256,17 @@ def test_a_cell_over_the_size_limit_is_refused_with_a_status():
 
 def test_deep_attribute_chains_are_read_in_linear_time():
     # eight cells of a.b.b.b… under the size cap: before, each chain was walked from every link (quadratic:
-    # 219 s for 1.5 MB in the red team's run); now each is read once
+    # 219 s for 1.5 MB in the red team's run); now each is read once. The bound is on the summarising
+    # process's CPU time, not the wall clock, so a loaded machine does not fail it (1.7 s CPU measured at
+    # load 3; the quadratic walk is two orders of magnitude more), and the wall-clock limit is lifted here
     chain = "y = a" + ".b" * (cell_summary.MAX_DEPTH - 10) + "\n"
     cell = chain * (cell_summary.MAX_CHARS // len(chain))
-    start = time.perf_counter()
-    read = shortcuts.summaries([cell] * 8)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    read = shortcuts.summaries([cell] * 8, seconds=600)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     assert all(s["ok"] for s in read)
-    assert time.perf_counter() - start < shortcuts.SUMMARY_SECONDS
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    assert 0 < cpu < 15, f"{cpu:.1f} s of CPU to summarise 8 chains of depth {cell_summary.MAX_DEPTH - 10}"
 
 
 def test_a_chain_too_deep_for_the_parser_gets_a_status():
