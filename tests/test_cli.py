@@ -29,7 +29,8 @@ def test_every_course_dev_command_has_help(capsys):
         return [words] + [w for a in subs for name, child in a.choices.items() for w in walk([*words, name], child)]
 
     commands = walk([], dev.parser())[1:]
-    assert ["bench", "llama-cpp"] in commands and ["gpu-check"] in commands and len(commands) == 5
+    assert ["bench", "llama-cpp"] in commands and ["bench", "group-sampling"] in commands and ["gpu-check"] in commands
+    assert len(commands) == 6
     for words in commands:
         with pytest.raises(SystemExit) as info:
             dev.main([*words, "--help"])
