@@ -114,6 +114,8 @@ def test_interleave_rotates_the_order_every_round():
     (["bench", "cpu", "--sizes", "huge"], "argument --sizes: invalid choice: 'huge' (choose from"),
     (["bench", "gpu", "--batch", "-4"], "argument --batch: must be at least 1, got -4"),
     (["bench", "llama-cpp", "--threads", "1", "2"], "unrecognized arguments: 2"),
+    (["bench", "group-sampling", "--G", "0"], "argument --G: must be at least 1, got 0"),
+    (["bench", "group-sampling", "--new-tokens", "many"], "argument --new-tokens: 'many' is not a whole number"),
 ])
 def test_bench_mistakes_are_one_line_from_argparse(capsys, argv, message):
     with pytest.raises(SystemExit) as info:
@@ -135,4 +137,13 @@ def test_llama_cpp_missing_names_the_install(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert err.startswith("course-dev bench llama-cpp: error: llama-cpp-python is not installed; "
                           "`pip install llama-cpp-python`")
+    assert err.count("\n") == 1
+
+
+def test_group_sampling_without_transformers_names_the_install(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as where the lesson12 extra is not installed
+    assert course_dev(["bench", "group-sampling"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("course-dev bench group-sampling: error: transformers is not installed; "
+                          'pip install -e ".[lesson12]" installs it')
     assert err.count("\n") == 1

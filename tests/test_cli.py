@@ -11,7 +11,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from course_tools import dev
 from course_tools.cli import COMMANDS, main
-from course_tools.cli.run import SLOW_CELL_S
+from course_tools.cli.run import SLOW_CELL_S, coalesce_streams
 
 
 def test_every_subcommand_has_help(capsys):
@@ -29,7 +29,8 @@ def test_every_course_dev_command_has_help(capsys):
         return [words] + [w for a in subs for name, child in a.choices.items() for w in walk([*words, name], child)]
 
     commands = walk([], dev.parser())[1:]
-    assert ["bench", "llama-cpp"] in commands and ["gpu-check"] in commands and len(commands) == 5
+    assert ["bench", "llama-cpp"] in commands and ["bench", "group-sampling"] in commands and ["gpu-check"] in commands
+    assert len(commands) == 6
     for words in commands:
         with pytest.raises(SystemExit) as info:
             dev.main([*words, "--help"])
@@ -192,3 +193,21 @@ def test_train_resume_from_a_checkpoint_without_a_tokenizer(tmp_path, capsys, ch
     line = one_line_error(capsys, ["train", "--data", str(tmp_path / "text.txt"), "--resume", "--out", str(tmp_path)])
     assert "holds no tokenizer" in line and "without --resume" in line
     assert "holds no tokenizer" in one_line_error(capsys, ["sample", "--ckpt", str(tmp_path / train.CHECKPOINT)])
+
+
+def test_stored_outputs_join_a_print_the_kernel_flushed_in_pieces():
+    """A reveal whose last newline arrived as a second stdout message (lesson 01, cell 50ee9fd3, in one
+    run) is stored as one stream, as Jupyter shows it; stderr and a display between stay apart."""
+    from nbformat.v4 import new_output
+
+    cell = new_code_cell("print(1)")
+    cell.outputs = [new_output("stream", name="stdout", text="measured: 4.159\nwhy: ..."),
+                    new_output("stream", name="stdout", text="\n"),
+                    new_output("stream", name="stderr", text="warning\n"),
+                    new_output("display_data", data={"text/plain": "x"}),
+                    new_output("stream", name="stdout", text="after\n")]
+    nb = new_notebook(cells=[new_markdown_cell("# t"), cell])
+    coalesce_streams(nb)
+    assert [(o.output_type, o.get("name"), o.get("text")) for o in nb.cells[1].outputs] == [
+        ("stream", "stdout", "measured: 4.159\nwhy: ...\n"), ("stream", "stderr", "warning\n"),
+        ("display_data", None, None), ("stream", "stdout", "after\n")]

@@ -1,4 +1,4 @@
-"""Korean feedback, whole: a wrong answer to any exercise or question of lessons 00-13, checked with
+"""Korean feedback, whole: a wrong answer to any exercise or question of lessons 00-15, checked with
 the messages in Korean, gets feedback with no English words outside code and no particle left as a
 pair ("은(는)", "(으)로").
 
@@ -122,7 +122,7 @@ def test_the_rule_tells_english_from_code():
 
 
 def test_every_lesson_has_exercises():
-    assert LESSONS == [f"{n:02d}" for n in range(14)]
+    assert LESSONS == [f"{n:02d}" for n in range(16)]
 
 
 @pytest.mark.parametrize("lesson", LESSONS)

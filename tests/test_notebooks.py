@@ -97,7 +97,9 @@ def test_every_solution_has_a_lesson_and_an_exercise():
 CHECKED_BY_STAGES = {"11_build_your_gpt": {"my_attention", "my_block", "my_gpt", "my_training_loop", "my_generate",
                                            # the from-the-metal track's answer cells, checked by its metal_* stages
                                            "metal_layers", "metal_losses", "metal_optimizer", "metal_step_tools",
-                                           "metal_model", "metal_loop"}}
+                                           "metal_model", "metal_loop"},
+                     # lesson 12's LLaMA: the mapping, the model and the decoding loop, checked by its llama_* stages
+                     "12_real_llm": {"my_mapping", "my_llama", "my_decoding"}}
 
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=ids(SOLUTIONS))

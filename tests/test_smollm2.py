@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from course_utils import chat, data, gguf, pretrained
+from course_utils import chat, data, gguf, grpo, pretrained
 from course_utils.generate import generate
 from course_utils.positional import rope_halves_to_pairs
 
@@ -231,6 +231,18 @@ def test_greedy_decoding_with_kv_cache_equals_hf_generate(ours, float64_pair, hf
     assert torch.equal(mine32, theirs32) and torch.equal(mine32, mine)
     answer = "".join(chat.reply(model, tok, CONVERSATIONS[0], max_new_tokens=20))  # float32, as course chat runs
     assert "Paris" in answer
+
+
+def test_greedy_group_sampling_equals_hf_generate(ours, hf_model):
+    """GRPO's group sampler (each prompt's KV cache repeated G times, float32) continues SmolLM2 as Hugging
+    Face's generate does on the prompts repeated: what `course-dev bench group-sampling` times."""
+    model, tok = ours
+    ids = tok.encode(data.shakespeare()[:1500])
+    prompts = torch.tensor([ids[:96], ids[96:192]])
+    sample = grpo.sample_group(model, prompts, 2, 24, temperature=0.0)
+    theirs = hf_model.generate(prompts.repeat_interleave(2, dim=0), max_new_tokens=24, do_sample=False,
+                               attention_mask=torch.ones(4, 96, dtype=torch.long), pad_token_id=2)
+    assert sample.completions.shape == (4, 24) and torch.equal(sample.completions, theirs[:, 96:])
 
 
 def test_prompt_longer_than_the_context_is_refused(ours):

@@ -45,6 +45,24 @@ class CellClock:
         return [c for c in self.cells if c["seconds"] > threshold]
 
 
+def coalesce_streams(nb: nbformat.NotebookNode) -> None:
+    """Join each code cell's adjacent stream outputs of the same name (stdout, stderr) into one, as
+    Jupyter shows them: a kernel flushes a print in one or more messages depending on timing, and the
+    stored notebook should not depend on that (the Korean build matches a cell's output as one text)."""
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        joined: list = []
+        for out in cell.get("outputs", []):
+            previous = joined[-1] if joined else None
+            if (out.output_type == "stream" and previous is not None and previous.output_type == "stream"
+                    and previous.name == out.name):
+                previous.text += out.text
+            else:
+                joined.append(out)
+        cell.outputs = joined
+
+
 def run_notebook(path: Path, mode: str, inplace: bool, cell_timeout: int, out_dir: Path | None = None) -> dict:
     """Execute one notebook in ``mode``; return a row of the summary table (with per-cell times).
     The executed notebook is written back with ``inplace``, or as a copy of the same name into ``out_dir``."""
@@ -70,6 +88,7 @@ def run_notebook(path: Path, mode: str, inplace: bool, cell_timeout: int, out_di
         nb.metadata["course"] = {**nb.metadata.get("course", {}), "mode": mode, "device": device,
                                  "seconds": round(seconds, 1),
                                  "load": [round(load_before, 2), round(load_after, 2)]}
+        coalesce_streams(nb)
         if inplace:
             nbformat.write(nb, path)
         if out_dir is not None:
