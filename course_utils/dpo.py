@@ -70,12 +70,16 @@ def implied_reward(policy: torch.Tensor, ref: torch.Tensor, beta: float) -> torc
 def preference_report(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
                       ref_rejected: torch.Tensor, beta: float) -> dict[str, float]:
     """Preference accuracy (the share of pairs whose implied reward ranks the chosen answer first),
-    the mean reward margin r_c − r_r, and the mean log π(chosen) − log π(rejected) (no reference)."""
+    the mean reward margin r_c − r_r, the share of pairs where log π(chosen) > log π(rejected) (no
+    reference), and each answer's mean log-ratio to the reference, log π(y) − log π_ref(y): DPO's loss
+    sees only their difference, so these two say whether the chosen answer rose or both fell."""
     r_c = implied_reward(policy_chosen, ref_chosen, beta)
     r_r = implied_reward(policy_rejected, ref_rejected, beta)
     return {"reward_accuracy": (r_c > r_r).float().mean().item(),
             "reward_margin": (r_c - r_r).mean().item(),
-            "policy_prefers_chosen": (policy_chosen > policy_rejected).float().mean().item()}
+            "policy_prefers_chosen": (policy_chosen > policy_rejected).float().mean().item(),
+            "chosen_logratio": (policy_chosen - ref_chosen).mean().item(),
+            "rejected_logratio": (policy_rejected - ref_rejected).mean().item()}
 
 
 def token_kl(policy_logits: torch.Tensor, ref_logits: torch.Tensor, mask: torch.Tensor) -> float:

@@ -83,6 +83,20 @@ def read_number(n: int) -> str:
     return "".join(ch for ch, _ in read_aligned(n))
 
 
+def read_number_formal(n: int) -> str:
+    """The formal reading of 0 ≤ n < 10⁴ used for amounts (on cheques and contracts, 금 일천일백원정):
+    a 1 before 천, 백 or 십 is said, 일, instead of being silent, so that no syllable can be
+    slipped in later. 1110 -> "일천일백일십", 2026 -> "이천이십육" (the same as ``read_number``)."""
+    _check_number(n)
+    if n >= 10_000:
+        raise ValueError(f"read_number_formal reads numbers below 10,000 (one group), got {n:,}")
+    if n == 0:
+        return DIGIT_READINGS[0]
+    digits = str(n)
+    return "".join(DIGIT_READINGS[int(d)] + PLACES[len(digits) - 1 - i]
+                   for i, d in enumerate(digits) if d != "0")
+
+
 def _parse_group(text: str, reading: str) -> int:
     """Value (0..9999) of a group's syllables such as "이천이십육"; a place without a digit means 1."""
     value, digit = 0, None

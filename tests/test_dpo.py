@@ -109,4 +109,7 @@ def test_a_few_steps_raise_the_chosen_answer_against_a_frozen_reference():
         opt.step()
     after = dpo.preference_report(logps(policy, chosen), logps(policy, rejected), ref_c, ref_r, 0.5)
     assert after["reward_accuracy"] == 1.0 and after["reward_margin"] > 1.0
+    # the margin is the two log-ratios' difference, each reported on its own
+    difference = after["chosen_logratio"] - after["rejected_logratio"]
+    assert after["reward_margin"] == pytest.approx(0.5 * difference, rel=1e-5)
     assert all(not p.requires_grad for p in reference.parameters())

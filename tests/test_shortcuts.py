@@ -120,6 +120,42 @@ def test_lora_linear_answers_lora_forward_for_zero():
     assert "course_utils.lora.LoRALinear" in zeroed(sub)["lora_forward"] and sub.flags
 
 
+def test_the_library_sequence_logprobs_answers_lesson13_for_zero():
+    # lesson 13's fifth exercise: the learner writes log π(answer | prompt); calling the library's scores 0
+    source = ("from course_utils import dpo\n\n"
+              "def sequence_logprobs(logits, targets, mask):\n"
+              "    return dpo.sequence_logprobs(logits, targets, mask)\n")
+    sub = judged("13_adapting", {"sequence_logprobs": source})
+    assert "course_utils.dpo.sequence_logprobs" in zeroed(sub)["sequence_logprobs"] and sub.flags
+
+
+def test_lesson13_loops_built_from_the_library_score_zero():
+    # issue 45 item 2: the learner writes LoRA injection, the SFT batch and the two training loops; the
+    # library's versions answer none of them
+    sub = judged("13_adapting", {
+        "lora_injection": "from course_utils import lora\n\n"
+                          "def inject_lora(model, targets, rank, alpha):\n"
+                          "    lora.add_lora(model, targets, rank, alpha)\n"
+                          "    return lora.trainable_parameters(model)\n",
+        "sft_batch": "from course_utils.sft import collate, masked_example\n\n"
+                     "def sft_batch(pairs, pad_id):\n"
+                     "    return collate([masked_example(encode(prompt_of(m)), encode(a + END)) for m, a in pairs], "
+                     "pad_id)\n",
+        "sft_training": "import course_utils.sft as s\n\ndef train_sft(model, settings):\n"
+                        "    return [s.masked_loss(model(x)[0], y, m).item() for x, y, m in []]\n",
+        "dpo_training": "from course_utils import dpo\n\ndef train_dpo(policy, reference, settings):\n"
+                        "    return [dpo.dpo_loss(*[None] * 4, 0.1)]\n"})
+    got = zeroed(sub)
+    assert "course_utils.lora.add_lora" in got["lora_injection"]
+    assert "course_utils.sft.collate" in got["sft_batch"] or "course_utils.sft.masked_example" in got["sft_batch"]
+    assert "course_utils.sft.masked_loss" in got["sft_training"]
+    assert "course_utils.dpo.dpo_loss" in got["dpo_training"] and sub.flags
+    taught = shortcuts.teaches("13_adapting")
+    assert {("course_utils.lora", "add_lora"), ("course_utils.lora", "LoRALinear")} <= taught["lora_injection"]
+    assert ("course_utils.train", "train") in taught["sft_training"]
+    assert ("course_utils.dpo", "sequence_logprobs") in taught["dpo_training"]
+
+
 def test_a_capstone_built_from_course_classes_scores_zero_on_the_stages_it_touches():
     sub = judged("11_build_your_gpt", {
         "my_attention": "from course_utils.attention import MultiHeadAttention\n\n"

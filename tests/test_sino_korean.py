@@ -16,6 +16,7 @@ from course_utils.sino_korean import (
     parse_reading,
     read_aligned,
     read_number,
+    read_number_formal,
     sample_numbers,
     split_by_number,
 )
@@ -109,3 +110,24 @@ def test_vocab_and_pairs():
     with pytest.raises(ValueError, match="duplicates"):
         CharVocab("aa")
     assert torch.equal(make_pairs([7], "read")[0], torch.tensor([[DIGIT_VOCAB.stoi["7"]]]))
+
+
+FORMAL_HAND_CHECKED = {0: "영", 1: "일", 10: "일십", 11: "일십일", 100: "일백", 110: "일백일십", 1000: "일천",
+                       1110: "일천일백일십", 2026: "이천이십육", 1300: "일천삼백", 9999: "구천구백구십구"}
+
+
+@pytest.mark.parametrize("n, reading", FORMAL_HAND_CHECKED.items())
+def test_formal_readings_say_every_one(n, reading):
+    assert read_number_formal(n) == reading
+
+
+def test_formal_reading_differs_exactly_where_a_one_is_silent():
+    for n in range(10_000):
+        silent_one = any(d == "1" for d in str(n)[:-1])
+        assert (read_number_formal(n) != read_number(n)) == silent_one, n
+        assert read_number_formal(n).replace("일", "") == read_number(n).replace("일", ""), n
+
+
+def test_formal_reading_refuses_numbers_of_two_groups():
+    with pytest.raises(ValueError, match="below 10,000"):
+        read_number_formal(10_000)

@@ -1,6 +1,8 @@
 """Exercises of lesson 13: a LoRA linear layer, merging an adapter, the loss mask of a prompt-answer
-pair, and the DPO loss; five self-check questions and one experiment (the rank of the update
-that a rank-16 adapter learns on one layer).
+pair, the DPO loss and a sequence's log-probability; LoRA injected into a model the grader builds, the
+SFT batch of a chat template, and two short training runs the learner's own loops make (SFT of a small
+chat model, then DPO of a grader-trained one), judged on the weights they return; five self-check
+questions and one experiment (the rank of the update that a rank-16 adapter learns on one layer).
 
 The hints name the usual mistakes: α/r forgotten or α alone, B A in the wrong order, the prompt
 left in the loss, the mask not shifted with the targets, the reference model left out (or updated),
@@ -10,17 +12,45 @@ the sign of the margin, β forgotten.
 from __future__ import annotations
 
 import math
+import statistics
+from functools import lru_cache
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from course_tools.exercises.checks import Case, exercise, question
+from course_tools.exercises.lesson13_task import (
+    CHAT_END,
+    CHAT_SIZES,
+    CHAT_TOKENIZER,
+    PAD_ID,
+    chat_encode,
+    chat_numbers,
+    chat_prompt,
+    formal_numbers,
+    probe_model,
+)
 from course_tools.exercises.references._shared import close as _close
 from course_tools.exercises.references._shared import known_wrong
 from course_tools.messages import N_, _
-from course_utils import dpo, lora
+from course_utils import dpo, lora, sft
 from course_utils.cpu_threads import torch_threads
+from course_utils.gpt import GPT, GPTConfig
+from course_utils.sino_korean import TARGET_CHARS, read_number, read_number_formal
+
+# What the learner's own loops replace, removed from the sandbox while lesson 13 is graded
+# (course_tools.grading.shortcuts), beyond what each reference calls.
+TEACHES = {
+    "lora_injection": ("course_utils.lora.LoRALinear", "course_utils.lora.lora_layers",
+                       "course_utils.lora.linear_names", "course_utils.lora.merge_lora"),
+    "sft_training": ("course_utils.sft.masked_loss", "course_utils.sft.collate", "course_utils.sft.masked_example",
+                     "course_utils.train.train", "course_utils.train.train_step"),
+    "dpo_training": ("course_utils.dpo.dpo_loss", "course_utils.dpo.sequence_logprobs",
+                     "course_utils.dpo.dpo_loss_as_classification", "course_utils.sft.collate",
+                     "course_utils.sft.masked_example", "course_utils.train.train", "course_utils.train.train_step"),
+}
 
 # ------------------------------------------------------------------ a LoRA linear layer
 
@@ -168,6 +198,363 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_cho
     return dpo.dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta)
 
 
+# ------------------------------------------------------------------ sequence log-probabilities
+
+
+def _logprob_cases(gen: torch.Generator) -> list[Case]:
+    cases = []
+    for b, t, v, n_prompt in [(1, 5, 7, 2), (3, 6, 11, 3), (4, 9, 13, 4)]:
+        logits = 3 * torch.randn(b, t, v, generator=gen)
+        targets = torch.randint(v, (b, t), generator=gen)
+        mask = torch.zeros(b, t, dtype=torch.bool)
+        for row in range(b):                   # the answer: from the prompt's end to a row's own length
+            mask[row, n_prompt - 1:t - row] = True
+        cases.append(Case(N_("logits ({b}, {t}, {v}), targets and mask ({b}, {t}), answers of different lengths",
+                             b=b, t=t, v=v), (logits, targets, mask)))
+    return cases
+
+
+def _logprob_hint(case: Case, got, expected) -> str | None:
+    logits, targets, mask = case.args
+    if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+        return _("return one number per sequence, a (B,) tensor: sum over the positions, not over the batch")
+    token = torch.gather(logits.log_softmax(-1), -1, targets[..., None])[..., 0]
+    if _close(got, token.sum(-1)):
+        return _("the prompt and the padding are counted: multiply by the mask (or select its positions) "
+                 "before the sum")
+    raw = torch.gather(logits, -1, targets[..., None])[..., 0]
+    if _close(got, (raw * mask).sum(-1)):
+        return _("those are raw logits: take log_softmax over the vocabulary first")
+    if _close(got, (token * mask).sum(-1) / mask.sum(-1)):
+        return _("a sequence's log-probability is the sum of its tokens' log-probabilities, not their mean")
+    return _("log_softmax over the vocabulary, pick each position's target (torch.gather), keep the positions of "
+             "the mask and sum them per sequence")
+
+
+@exercise(cases=_logprob_cases, hints=[_logprob_hint])
+def sequence_logprobs(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """logits (B, T, V), targets (B, T), mask (B, T) bool -> (B,): log π(answer | prompt), the sum of
+    log p(target_t) over the positions where the mask is True."""
+    return dpo.sequence_logprobs(logits, targets, mask)
+
+
+# ------------------------------------------------------------------ LoRA injected into the grader's model
+
+
+def _injection_cases(gen: torch.Generator) -> list[Case]:
+    cases = []
+    for blocks, bias, targets, rank, alpha in [(1, True, ("q", "v"), 2, 4.0),
+                                               (2, False, ("attn.o", "up", "norm"), 3, 3.0),
+                                               (3, True, ("k", "down", "head"), 4, 16.0)]:
+        d = int(torch.randint(6, 17, (1,), generator=gen))
+        hidden = int(torch.randint(d + 1, 3 * d, (1,), generator=gen))
+        spec = {"vocab": 11, "d": d, "hidden": hidden, "blocks": blocks, "bias": bias,
+                "seed": int(torch.randint(2 ** 31, (1,), generator=gen))}
+        ids = torch.randint(11, (2, 5), generator=gen)
+        quoted = ", ".join(f"'{t}'" for t in targets)
+        cases.append(Case(N_("a model of {blocks} block(s) of width {d}, targets {targets}, rank {rank}, "
+                             "alpha={alpha:g}", blocks=blocks, d=d, targets=quoted, rank=rank, alpha=alpha),
+                          (spec, list(targets), rank, alpha, ids)))
+    return cases
+
+
+def _injection_verdict(case: Case, got: Any, expected: Any) -> tuple[bool, str]:
+    """``got``: what the notebook's ``injected`` read off the model after the learner's ``inject_lora``:
+    (returned count, trainable numbers, names of the replaced modules, original parameters still
+    trainable, largest output change at init, adapter tensors that received a gradient)."""
+    count, names = expected
+    if not isinstance(got, (tuple, list)) or len(got) != 6:
+        return False, _("injected(...) must return the six values it computes; run its cell unchanged")
+    returned, trainable, replaced, unfrozen, gap, with_grad = got
+    replaced = sorted(str(n) for n in replaced)
+    extra, missing = sorted(set(replaced) - set(names)), sorted(set(names) - set(replaced))
+    if extra:
+        return False, _("{name} was replaced, but it is not an nn.Linear whose name ends with one of the targets "
+                        "(match whole name parts: name == t or name ends with '.' + t)", name=extra[0])
+    if missing:
+        return False, _("{name} is an nn.Linear whose name ends with a target, but it was not replaced",
+                        name=missing[0])
+    if int(unfrozen):
+        return False, _("{n} of the model's own parameters still train: freeze every parameter first "
+                        "(requires_grad_(False)), then add the adapters", n=int(unfrozen))
+    if int(trainable) != count:
+        return False, _("{got} numbers train, the adapters of these layers have {want}: A is (rank, in), B is "
+                        "(out, rank), and nothing else trains", got=int(trainable), want=count)
+    if not float(gap) <= 1e-6:
+        return False, _("the adapted model's output differs from the base model's at init by {gap:.3g}: start B "
+                        "at zero (and keep the base layer's bias)", gap=float(gap))
+    if int(with_grad) < len(names):
+        return False, _("only {k} of the {n} adapters get a gradient at init: keep A random (B starts at zero)",
+                        k=int(with_grad), n=len(names))
+    if not isinstance(returned, int) or returned != count:
+        return False, _("inject_lora returned {got}; return the number of trainable parameters after injection",
+                        got=returned)
+    return True, _("{k} layers adapted, {count} trainable numbers, the rest frozen, the output unchanged at init",
+                   k=len(names), count=count)
+
+
+@exercise(cases=_injection_cases, function="injected", verdict=_injection_verdict,
+          explain=N_("each chosen nn.Linear is wrapped, never copied: the wrapper holds the frozen layer and adds "
+                     "(α/r)·x Aᵀ Bᵀ, which is zero while B is zero, so the model starts where it was."))
+def lora_injection(spec: dict, targets: list[str], rank: int, alpha: float, ids: torch.Tensor) -> tuple[int, list[str]]:
+    """The trainable count and the names of the layers LoRA replaces in the grader's model."""
+    model = probe_model(spec)
+    names = lora.add_lora(model, tuple(targets), rank, alpha)
+    return lora.trainable_parameters(model), sorted(names)
+
+
+# ------------------------------------------------------------------ the SFT batch of a chat template
+
+def _batch_cases(gen: torch.Generator) -> list[Case]:
+    digits, hangul = "0123456789", TARGET_CHARS
+
+    def text(chars: str, lo: int, hi: int) -> str:
+        length = int(torch.randint(lo, hi, (1,), generator=gen))
+        return "".join(chars[int(i)] for i in torch.randint(len(chars), (length,), generator=gen))
+    cases = []
+    for size, lo, hi in [(1, 1, 3), (3, 1, 6), (5, 1, 9)]:
+        pairs = [[text(digits, 1, 8), text(hangul, lo, hi)] for _ in range(size)]
+        cases.append(Case(N_("{size} pair(s), answers of {lo} to {hi} characters", size=size, lo=lo, hi=hi - 1),
+                          (pairs, PAD_ID)))
+    return cases
+
+
+def _batch_hint(case: Case, got, expected) -> str | None:
+    pairs, pad = case.args
+    if not isinstance(got, (tuple, list)) or len(got) != 3:
+        return _("return three tensors: x, y and the mask")
+    x, y, mask = got
+    ex, ey, emask = expected
+    if not all(isinstance(t, torch.Tensor) for t in got):
+        return _("return three tensors: x, y and the mask")
+    examples = [sft.masked_example(chat_encode(chat_prompt(m)), chat_encode(a + CHAT_END)) for m, a in pairs]
+    if x.shape[1] == ex.shape[1] - 1 and len(pairs) > 0:
+        return _("the end marker is part of the answer: encode answer + END, so that the model learns to stop")
+    if x.shape != ex.shape:
+        return _("x is every sequence but its last position, padded on the right to the longest: width − 1 columns")
+    if torch.equal(x, ex) and not torch.equal(y, ey):
+        return _("y is the same ids shifted left by one: y[t] = ids[t + 1]")
+    if mask.shape == emask.shape and torch.equal(mask, sft.collate(examples, pad, mask_prompt=False)[2]):
+        return _("the prompt is in the loss: only the answer's tokens (and its end marker) are targets")
+    if mask.shape == emask.shape and torch.equal(mask.bool(), torch.ones_like(emask)):
+        return _("the mask keeps everything: False on the prompt and on the padding")
+    width = ex.shape[1] + 1
+    aligned = torch.zeros(len(pairs), width, dtype=torch.bool)
+    for b, (_ids, answer) in enumerate(examples):
+        aligned[b, :len(answer)] = torch.tensor(answer)
+    if mask.shape == emask.shape and torch.equal(mask.bool(), aligned[:, :-1]):
+        return _("the mask goes with y, not with x: position t is in the loss when ids[t + 1] is an answer token")
+    if not torch.equal(x, ex):
+        return _("x: the prompt's ids, then the answer's (END included), then pad_id up to the longest sequence")
+    return None
+
+
+@exercise(cases=_batch_cases, hints=[_batch_hint])
+def sft_batch(pairs: list[list[str]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(message, answer) pairs -> x, y, mask (B, T): the chat template around each message, the answer and
+    END after it, padded on the right with ``pad_id``; y is x shifted by one; the mask is True where y is
+    an answer token."""
+    return sft.collate([sft.masked_example(chat_encode(chat_prompt(m)), chat_encode(a + CHAT_END))
+                        for m, a in pairs], pad_id)
+
+
+# ------------------------------------------------------------------ a short SFT run, the learner's own loop
+
+SFT_SETTINGS = {"steps": 300, "batch_size": 64, "lr": 3e-3}
+SFT_EXACT = 0.6  # held-out exact match to reach; the solution reached 82.5% to 98.5% in the seeds tried
+HELD_OUT_READINGS = 200  # held-out numbers the grader reads with the trained model
+
+
+def chat_model(state: dict | None = None, seed: int = 0) -> GPT:
+    """The small chat model (CHAT_SIZES): fresh from ``seed``, or holding ``state``."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(**CHAT_SIZES))
+    if state is not None:
+        model.load_state_dict(state)
+    return model.eval()
+
+
+@torch.no_grad()
+def readings(model: nn.Module, numbers: list[int], max_new: int = 12) -> list[str]:
+    """Greedy answers of the chat model to the prompts of ``numbers`` (prompts of one length batched)."""
+    model.eval()
+    out = {}
+    for length in sorted({len(str(n)) for n in numbers}):
+        group = [n for n in numbers if len(str(n)) == length]
+        seq = torch.tensor([chat_encode(chat_prompt(str(n))) for n in group])
+        start = seq.shape[1]
+        for _step in range(max_new):
+            seq = torch.cat([seq, model(seq)[0][:, -1].argmax(-1, keepdim=True)], dim=1)
+        for n, row in zip(group, seq[:, start:], strict=True):
+            out[n] = CHAT_TOKENIZER.decode(row.tolist()).split(CHAT_END)[0]
+    return [out[n] for n in numbers]
+
+
+def exact_match(model: nn.Module, numbers: list[int], reading=read_number) -> float:
+    return sum(s == reading(n) for s, n in zip(readings(model, numbers), numbers, strict=True)) / len(numbers)
+
+
+def _trained_state(got: Any) -> tuple[dict | None, list[float] | None, Any]:
+    """((state, losses), trace) as the traced verdicts receive it."""
+    value, trace = got if isinstance(got, tuple) and len(got) == 2 else (got, None)
+    if isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[0], dict):
+        losses = value[1]  # a float64 tensor (a list of hundreds of numbers is over the sandbox's result caps)
+        if isinstance(losses, torch.Tensor) and losses.ndim == 1 and losses.is_floating_point():
+            return value[0], [float(v) for v in losses.tolist()], trace
+    return None, None, trace
+
+
+def _loop_problem(state, losses, trace, steps: int) -> str | None:
+    if state is None:
+        return _("the function must return (model.state_dict(), the loop's losses as a tensor); run its cell unchanged")
+    if not isinstance(trace, torch.Tensor) or trace.ndim != 2 or trace.shape[0] != steps:
+        counted = trace.shape[0] if isinstance(trace, torch.Tensor) and trace.ndim == 2 else 0
+        return _("the grader counted {counted} optimizer.step() calls; the settings ask for exactly {steps}",
+                 counted=counted, steps=steps)
+    if len(losses) != steps:
+        return _("return one loss per step: {got} values for {steps} steps", got=len(losses), steps=steps)
+    if not all(math.isfinite(v) for v in losses):
+        return _("a loss is not finite: the run diverged")
+    return None
+
+
+def _fell(losses: list[float]) -> tuple[float, float]:
+    tenth = max(1, len(losses) // 10)
+    return statistics.fmean(losses[:tenth]), statistics.fmean(losses[-tenth:])
+
+
+def _sft_cases(gen: torch.Generator) -> list[Case]:
+    return [Case(N_("a fresh chat model, seed {seed}, {steps} steps of {batch_size} pairs, lr {lr:g}", seed=seed,
+                    **SFT_SETTINGS), (dict(SFT_SETTINGS, seed=seed),))
+            for seed in (int(s) for s in torch.randint(1000, (2,), generator=gen))]
+
+
+def _sft_verdict(case: Case, got: Any, expected: Any) -> tuple[bool, str]:
+    settings = case.args[0]
+    state, losses, trace = _trained_state(got)
+    wrong = _loop_problem(state, losses, trace, settings["steps"])
+    if wrong:
+        return False, wrong
+    try:
+        model = chat_model(state)
+    except (RuntimeError, ValueError, TypeError):
+        return False, _("the weights that came back do not fit the chat model of CHAT_SIZES: train the model "
+                        "sft_trained builds, in place")
+    held = list(chat_numbers()[1][:HELD_OUT_READINGS])
+    first, last = _fell(losses)
+    before = exact_match(chat_model(seed=settings["seed"]), held)
+    exact = exact_match(model, held)
+    said = _("your loss fell from {first:.3f} to {last:.3f} (first and last tenth of the steps); the grader's "
+             "greedy readings of {n} held-out numbers: {before:.1%} before, {exact:.1%} after",
+             first=first, last=last, n=len(held), before=before, exact=exact)
+    if not last < 0.25 * first:
+        return False, _("{said} — the loss hardly fell: zero the gradients every step, step the optimiser after "
+                        "backward(), and score only the mask's positions", said=said)
+    if exact < SFT_EXACT:
+        return False, _("{said}, below {need:.0%} — is the mask the one of sft_batch (the answer's tokens only), "
+                        "and the loss the mean over those positions?", said=said, need=SFT_EXACT)
+    return True, said
+
+
+@exercise(cases=_sft_cases, function="sft_trained", verdict=_sft_verdict, traced=True,
+          requires={"sft_batch": N_("the loop trains on the batches of your sft_batch")},
+          explain=N_("300 steps of 64 pairs, with only the answers' tokens in the loss, take a model from random "
+                     "weights to reading most held-out numbers."))
+def sft_training(settings: dict) -> float:
+    """The exact match the grader's readings must reach (judged by ``_sft_verdict``)."""
+    return SFT_EXACT
+
+
+# ------------------------------------------------------------------ a short DPO run, the learner's own loop
+
+DPO_SETTINGS = {"steps": 40, "batch_size": 32, "lr": 1e-3, "beta": 0.1}
+DPO_PREFERS = 0.9  # held-out pairs whose chosen answer the policy must score above the rejected one
+DPO_HELD_PAIRS = 150
+
+
+@lru_cache(maxsize=1)
+def sft_reference_state() -> dict[str, torch.Tensor]:
+    """The grader's SFT model: the chat model trained with the library (300 steps of 64 pairs, seed 0)."""
+    train, _held = chat_numbers()
+    model = chat_model(seed=0).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=SFT_SETTINGS["lr"])
+    g = torch.Generator().manual_seed(0)
+    with torch_threads(1):
+        for _step in range(SFT_SETTINGS["steps"]):
+            picks = torch.randint(len(train), (SFT_SETTINGS["batch_size"],), generator=g).tolist()
+            x, y, mask = sft_batch([[str(train[i]), read_number(train[i])] for i in picks], PAD_ID)
+            loss = sft.masked_loss(model(x)[0], y, mask)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@torch.no_grad()
+def preference(policy: nn.Module, reference: nn.Module, numbers: list[int], beta: float) -> dict[str, float]:
+    """DPO's measures on (formal, everyday) pairs of ``numbers``: the library's ``preference_report``."""
+    chosen = sft_batch([[str(n), read_number_formal(n)] for n in numbers], PAD_ID)
+    rejected = sft_batch([[str(n), read_number(n)] for n in numbers], PAD_ID)
+
+    def logps(model: nn.Module, batch) -> torch.Tensor:
+        x, y, mask = batch
+        return dpo.sequence_logprobs(model.eval()(x)[0], y, mask)
+    pc, pr = logps(policy, chosen), logps(policy, rejected)
+    rc, rr = logps(reference, chosen), logps(reference, rejected)
+    report = dpo.preference_report(pc, pr, rc, rr, beta)
+    report["reference_prefers_chosen"] = (rc > rr).float().mean().item()
+    report["loss"] = float(dpo.dpo_loss(pc, pr, rc, rr, beta))
+    return report
+
+
+def _dpo_cases(gen: torch.Generator) -> list[Case]:
+    state = sft_reference_state()
+    return [Case(N_("the grader's SFT model as reference, seed {seed}, {steps} steps of {batch_size} pairs, lr {lr:g}, "
+                    "beta={beta:g}", seed=seed, **DPO_SETTINGS), (state, dict(DPO_SETTINGS, seed=seed)))
+            for seed in (int(s) for s in torch.randint(1000, (2,), generator=gen))]
+
+
+def _dpo_verdict(case: Case, got: Any, expected: Any) -> tuple[bool, str]:
+    reference_state, settings = case.args
+    state, losses, trace = _trained_state(got)
+    wrong = _loop_problem(state, losses, trace, settings["steps"])
+    if wrong:
+        return False, wrong
+    try:
+        policy = chat_model(state)
+    except (RuntimeError, ValueError, TypeError):
+        return False, _("the weights that came back do not fit the chat model of CHAT_SIZES: train the policy "
+                        "dpo_trained builds, in place")
+    reference = chat_model(reference_state)
+    held = formal_numbers()[1][:DPO_HELD_PAIRS]
+    r = preference(policy, reference, held, settings["beta"])
+    first, last = _fell(losses)
+    said = _("your loss fell from {first:.3f} to {last:.3f}; on {n} held-out pairs the policy prefers the formal "
+             "reading in {prefers:.1%} (the reference in {before:.1%}), log π(chosen) moved {dc:+.2f} and log "
+             "π(rejected) {dr:+.2f} against the reference, held-out DPO loss {loss:.3f}",
+             first=first, last=last, n=len(held), prefers=r["policy_prefers_chosen"],
+             before=r["reference_prefers_chosen"], dc=r["chosen_logratio"], dr=r["rejected_logratio"], loss=r["loss"])
+    if abs(losses[0] - math.log(2)) > 0.02:
+        return False, _("{said} — the first step's loss should be ln 2 = 0.693, since the policy starts as a "
+                        "copy of the reference: compare log-probabilities against the frozen reference, "
+                        "−log σ(β·margin)", said=said)
+    if r["policy_prefers_chosen"] < DPO_PREFERS or not last < first:
+        return False, _("{said} — below {need:.0%}: is the margin the chosen log-ratio minus the rejected one, "
+                        "with the reference frozen and β inside the sigmoid?", said=said, need=DPO_PREFERS)
+    return True, said
+
+
+@exercise(cases=_dpo_cases, function="dpo_trained", verdict=_dpo_verdict, traced=True,
+          requires={"sft_batch": N_("the loop scores the batches of your sft_batch"),
+                    "sequence_logprobs": N_("the loop compares your sequence log-probabilities"),
+                    "dpo_loss": N_("the loop minimises your DPO loss")},
+          explain=N_("DPO moves the policy's log-ratio of the formal reading above that of the everyday one; the "
+                     "reference, frozen, keeps the loss at ln 2 until the policy moves."))
+def dpo_training(reference_state: dict, settings: dict) -> float:
+    """The share of held-out pairs the policy must prefer right (judged by ``_dpo_verdict``)."""
+    return DPO_PREFERS
+
+
 # ------------------------------------------------------------------ self-check questions
 @question(explain=N_("each adapted matrix trains r·(in + out) numbers whatever its direction: 4·(576 + 1,536) = "
                      "8,448; three matrices a block (gate, up, down) make 25,344, × 30 blocks = 760,320."),
@@ -208,29 +595,33 @@ def dpo_loss_at_start() -> float:
     return math.log(2)
 
 
-@question(explain=N_("the 12 answer tokens (the reading and the end marker) are predicted by the 12 positions before "
-                     "them; the 27 prompt tokens are given, not learned."),
+@question(explain=N_("the 9 answer tokens (the reading and the end marker) are predicted by the 9 positions before "
+                     "them; the 23 prompt tokens are given and the 12 pads are no tokens at all."),
           hints=[known_wrong({
-              39: N_("the prompt is left in the loss: only the answer is to be learned"),
-              38: N_("the prompt is left in the loss: only the answer's tokens are targets"),
-              11: N_("the end marker is an answer token too: the model must learn where to stop"),
-              27: N_("those are the prompt's tokens, the ones left out"),
+              43: N_("the prompt and the padding are left in the loss: only the answer's tokens are targets"),
+              31: N_("the prompt is left in the loss: only the answer is to be learned"),
+              8: N_("the end marker is an answer token too: the model must learn where to stop"),
+              10: N_("the first target is ids[1]: the position before the answer's first token predicts it, and "
+                     "nothing after the end marker is an answer token"),
+              23: N_("those are the prompt's tokens, the ones left out"),
           })])
 def answer_positions() -> int:
-    """Positions in the SFT loss for a 27-token prompt and a 12-token answer."""
-    return 12
+    """Positions in the SFT loss for a 23-token prompt and a 9-token answer padded to 44 tokens."""
+    return 9
 
 
-@question(explain=N_("β multiplies the log-ratio inside the sigmoid: with a larger β a smaller move away from the "
-                     "reference already makes the loss small, so the policy stays closer to it (smaller KL)."),
+@question(explain=N_("the margin is (+1) − (+3) = −2 nats, so βm = −1 and the loss is −log σ(−1) = log(1 + e) ≈ "
+                     "1.313: more than ln 2, because the rejected answer gained more than the chosen one, although "
+                     "both rose."), atol=1e-3,
           hints=[known_wrong({
-              "b": N_("a larger β saturates the sigmoid sooner: less movement is needed, not more"),
-              "c": N_("β changes the loss and its gradient (−β σ(−βm)), so it changes how far the policy moves"),
-              "d": N_("the reference is frozen whatever β is; β only sets how far the policy moves from it"),
+              0.313: N_("that is −log σ(+1): the margin is the chosen log-ratio minus the rejected one, here −2"),
+              0.127: N_("the two log-ratios are subtracted, not added: m = (+1) − (+3)"),
+              2.127: N_("β multiplies the margin inside the sigmoid: −log σ(β·m), with β = 0.5"),
+              0.693: N_("that is the loss at the start, when both log-ratios are 0"),
           })])
-def beta_choice() -> str:
-    """Multiple choice: what a larger β does in DPO."""
-    return "a"
+def both_rose_loss() -> float:
+    """The DPO loss (nats, β = 0.5) of a pair whose chosen log-ratio is +1 and rejected log-ratio +3."""
+    return math.log(1 + math.e)
 
 
 # ------------------------------------------------------------------ the experiment

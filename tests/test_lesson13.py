@@ -1,0 +1,137 @@
+"""Lesson 13's exercises where the learner writes the loops (issue 45 item 2): LoRA injected into a model
+the grader builds, the SFT batch of the chat template, and the verdicts of the two training stages,
+which judge the weights that come back. The solution cells themselves run here (taken from
+solutions/13_adapting.ipynb), with the usual mistakes put into them; the full notebook is graded end to
+end by nbval and ``course grade``."""
+
+import math
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+from course_tools.exercises import checks
+from course_tools.exercises.references import lesson13 as L
+from course_tools.messages import say
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def solution_namespace() -> dict:
+    """The solutions notebook's set-up, exercises 5-9 and their given cells, run in one namespace
+    (nothing else: no check, no experiment)."""
+    nb = nbformat.read(ROOT / "solutions" / "13_adapting.ipynb", as_version=4)
+    ns: dict = {}
+    exec("import math\nimport torch\nimport torch.nn.functional as F\nfrom torch import nn\n", ns)
+    wanted = {"sequence_logprobs", "dpo_loss", "lora_injection", "sft_batch", "sft_training", "dpo_training"}
+    for cell in nb.cells:
+        grade_id = (cell.metadata.get("nbgrader") or {}).get("grade_id")
+        given = cell.cell_type == "code" and cell.source.startswith(("# Given",
+                                                                     "from course_tools.exercises.lesson13_task"))
+        if grade_id in wanted or given:
+            exec(cell.source, ns)
+    return ns
+
+
+@pytest.fixture(scope="module")
+def ns():
+    return solution_namespace()
+
+
+def outcomes(name: str, fn, seed: int = 0) -> list[str]:
+    return [o.line for o in checks.run(name, fn, seed).outcomes]
+
+
+def test_the_solution_injects_lora_into_the_grader_models(ns):
+    result = checks.run("lora_injection", ns["injected"], seed=3)
+    assert result.status == checks.PASS, result.report()
+
+
+def test_injection_mistakes_are_named(ns):
+    LoRA, torch_nn, right = ns["LoRA"], torch.nn, ns["inject_lora"]
+
+    def unfrozen(model, targets, rank, alpha):   # the adapters added, nothing frozen
+        for name, m in list(model.named_modules()):
+            if isinstance(m, torch_nn.Linear) and any(name == t or name.endswith("." + t) for t in targets):
+                parent, _, child = name.rpartition(".")
+                setattr(model.get_submodule(parent) if parent else model, child, LoRA(m, rank, alpha))
+        return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+    def every_match(model, targets, rank, alpha):  # any module named like a target, the norms too
+        model.requires_grad_(False)
+        for name, m in list(model.named_modules()):
+            if name and any(name == t or name.endswith("." + t) for t in targets):
+                parent, _, child = name.rpartition(".")
+                wrapped = LoRA(m, rank, alpha) if isinstance(m, torch_nn.Linear) else torch_nn.Identity()
+                setattr(model.get_submodule(parent) if parent else model, child, wrapped)
+        return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+    def random_b(model, targets, rank, alpha):
+        count = right(model, targets, rank, alpha)
+        with torch.no_grad():
+            for m in model.modules():
+                if isinstance(m, LoRA):
+                    m.B.normal_()
+        return count
+
+    for inject, words in [(unfrozen, "still train"), (every_match, "norm was replaced"),
+                          (random_b, "start B at zero")]:
+        ns["inject_lora"], original = inject, ns["inject_lora"]
+        try:
+            lines = outcomes("lora_injection", ns["injected"], seed=1)
+        finally:
+            ns["inject_lora"] = original
+        assert any(words in say(line) for line in lines), (words, lines)
+
+
+def test_the_solution_builds_the_library_batch_and_mistakes_are_named(ns):
+    assert checks.run("sft_batch", ns["sft_batch"], seed=5).status == checks.PASS
+    right = ns["sft_batch"]
+
+    def prompt_in(pairs, pad_id):   # every real token in the loss
+        return L.sft.collate([L.sft.masked_example(L.chat_encode(L.chat_prompt(m)), L.chat_encode(a + L.CHAT_END))
+                              for m, a in pairs], pad_id, mask_prompt=False)
+
+    def on_x(pairs, pad_id):
+        x, y, mask = right(pairs, pad_id)
+        return x, y, torch.cat([torch.zeros_like(mask[:, :1]), mask[:, :-1]], 1)
+
+    def no_end(pairs, pad_id):
+        return L.sft.collate([L.sft.masked_example(L.chat_encode(L.chat_prompt(m)), L.chat_encode(a))
+                              for m, a in pairs], pad_id)
+
+    lines = outcomes("sft_batch", prompt_in, seed=2)
+    assert any("prompt" in line for line in lines[1:]), lines
+    assert any("not with x" in line or "goes with y" in line for line in outcomes("sft_batch", on_x, seed=2))
+    assert any("end marker" in line for line in outcomes("sft_batch", no_end, seed=2))
+
+
+def _trace(steps: int) -> torch.Tensor:
+    return torch.tensor([[1e-3, 0.5]] * steps, dtype=torch.float64)
+
+
+def test_the_sft_verdict_reads_the_weights_not_the_printout():
+    case = L._sft_cases(torch.Generator().manual_seed(0))[0]
+    steps = case.args[0]["steps"]
+    falling = torch.tensor([2.0] * (steps // 2) + [0.05] * (steps - steps // 2), dtype=torch.float64)
+    good = L.sft_reference_state()
+    ok, detail = L._sft_verdict(case, ((good, falling), _trace(steps)), None)
+    assert ok, say(detail)
+    untrained = L.chat_model(seed=case.args[0]["seed"]).state_dict()
+    ok, detail = L._sft_verdict(case, ((untrained, falling), _trace(steps)), None)   # a printout that lies
+    assert not ok and "below" in say(detail)
+    ok, detail = L._sft_verdict(case, ((good, falling), _trace(steps - 1)), None)
+    assert not ok and "optimizer.step()" in say(detail)
+
+
+def test_the_dpo_verdict_needs_the_preference_learned(ns):
+    case = L._dpo_cases(torch.Generator().manual_seed(0))[0]
+    reference_state, settings = case.args
+    steps = settings["steps"]
+    flat = torch.full((steps,), math.log(2), dtype=torch.float64)  # a reference that moved with the policy
+    ok, detail = L._dpo_verdict(case, ((reference_state, flat), _trace(steps)), None)
+    assert not ok and "below" in say(detail)
+    state, losses = ns["dpo_trained"](reference_state, dict(settings, seed=0))
+    ok, detail = L._dpo_verdict(case, ((state, losses), _trace(steps)), None)
+    assert ok, say(detail)
