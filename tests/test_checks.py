@@ -23,6 +23,8 @@ def test_reference_passes_every_registered_exercise(monkeypatch):
     for name, ex in checks.REGISTRY.items():
         if name in ("capstone_training", "metal_training"):  # the reference is the threshold: the verdict needs
             continue  # weights trained for 500 steps (the solution's check cells do that under nbval)
+        if name in ("lora_injection", "sft_training", "dpo_training"):  # the verdict judges what the notebook's
+            continue  # helper reads off the learner's model; tests/test_lesson13.py passes the solution's through it
         result = checks.run(name, ex.reference, seed=123)
         assert result.status == PASS, result.report()
 

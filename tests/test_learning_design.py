@@ -173,7 +173,8 @@ REASONING = {
     "10": {"predictions_scored", "batched_beam_candidates", "reading_101010"},
     "11": {"capstone_params_added", "capstone_diagnosis", "capstone_top_k_prob"},
     "12": {"q5_1_bits", "kv_cache_megabytes", "top_p_second_prob", "rope_row"},
-    "13": {"smollm2_lora_parameters", "answer_positions", "both_zero_choice", "both_rose_loss"},
+    "13": {"smollm2_lora_parameters", "answer_positions", "both_zero_choice", "both_rose_loss",
+           "dpo_start_gradient"},
     "14": {"lone_right_advantage", "clipped_negative_choice", "k3_token_kl", "wasted_groups"},
     "15": {"identical_position_patch", "uniform_induction_score", "selectivity_choice", "mean_ablation_change"},
 }

@@ -2,7 +2,8 @@
 pair, the DPO loss and a sequence's log-probability; LoRA injected into a model the grader builds, the
 SFT batch of a chat template, and two short training runs the learner's own loops make (SFT of a small
 chat model, then DPO of a grader-trained one), judged on the weights they return; five self-check
-questions and one experiment (the rank of the update that a rank-16 adapter learns on one layer).
+questions and one experiment (the rank of the update that a rank-16 adapter learns on one layer, for
+three true ranks and three seeds).
 
 The hints name the usual mistakes: α/r forgotten or α alone, B A in the wrong order, the prompt
 left in the loss, the mask not shifted with the targets, the reference model left out (or updated),
@@ -583,16 +584,19 @@ def both_zero_choice() -> str:
     return "b"
 
 
-@question(explain=N_("with π = π_ref both log-ratios are 0, so the margin is 0 and the loss is −log σ(0) = ln 2 ≈ "
-                     "0.693, whatever β is."), atol=1e-3,
+@question(explain=N_("with π = π_ref the margin m is 0; ∂L/∂m = −σ(−m) = −1/2 there, and m holds log π(chosen) "
+                     "with +β and log π(rejected) with −β: the chosen answer is pushed up and the rejected one down, "
+                     "each with weight β/2, from the first step. The push shrinks as the margin grows."),
           hints=[known_wrong({
-              0.0: N_("the loss is −log σ(margin) and σ(0) = 1/2, not 1"),
-              0.5: N_("that is σ(0); the loss is −log σ(0)"),
-              1.0: N_("−log σ(0) = log 2 in nats, not 1"),
+              "a": N_("the margin is multiplied by β, and the slope of −log σ(m) is −σ(−m): −1/2 at m = 0, not −1"),
+              "c": N_("−log σ(m) is not flat at m = 0: its slope there is −1/2; a loss can start at ln 2 and still "
+                      "have a gradient"),
+              "d": N_("log π(rejected) is in the margin with a minus sign: it gets the same weight, pushed the other "
+                      "way"),
           })])
-def dpo_loss_at_start() -> float:
-    """The DPO loss (nats) at the first step, when the policy is still the reference."""
-    return math.log(2)
+def dpo_start_gradient() -> str:
+    """Multiple choice: the DPO loss's derivatives with respect to log π(chosen) and log π(rejected) at step 1."""
+    return "b"
 
 
 @question(explain=N_("the 9 answer tokens (the reading and the end marker) are predicted by the 9 positions before "
@@ -652,18 +656,28 @@ def _learned_update(rank: int = 16, seed: int = 0, true_rank: int = 4, steps: in
         return layer.delta_weight()
 
 
-@question(explain=N_("the adapter may use 16 directions but the data only asks for 4: B starts at zero, every step "
-                     "moves B A toward the rank-4 residual, so the learned ΔW has four singular values near the true "
-                     "ones and the rest below 1% of the largest."),
+TRUE_RANKS, SEEDS = (1, 4, 8), (0, 1, 2)
+
+
+@question(explain=N_("in every row the adapter uses as many directions as the true update has, whatever the seed: B "
+                     "starts at zero and each step moves B A along the residual, a matrix of the true rank, so the "
+                     "directions the data never asks for stay below 1% of the largest."),
           hints=[known_wrong({
-              16: N_("that is the adapter's rank, an upper bound; count the singular values of (α/r)·B A itself"),
-              15: N_("that counts A's singular values: A starts random and full-rank; count those of (α/r)·B A"),
-              7: N_("that counts B's singular values alone; the update is the product (α/r)·B A"),
-              31: N_("that counts the merged weight W + ΔW, whose W is full-rank; count ΔW = (α/r)·B A alone"),
-              32: N_("that counts the merged weight W + ΔW, whose W is full-rank; count ΔW = (α/r)·B A alone"),
+              ((16, 16, 16),) * 3: N_("that is the adapter's rank, an upper bound; count the singular values of "
+                                      "(α/r)·B A itself"),
+              ((15, 15, 15),) * 3: N_("that counts A's singular values: A starts random and full-rank; count those "
+                                      "of (α/r)·B A"),
+              ((32, 32, 32),) * 3: N_("that counts the merged weight W + ΔW, whose W is full-rank; count "
+                                      "ΔW = (α/r)·B A alone"),
           })])
-def learned_rank() -> int:
-    """Experiment: how many singular values of the update a rank-16 LoRA learned exceed 1% of the largest."""
+def learned_ranks() -> tuple[tuple[int, ...], ...]:
+    """Experiment: for each true rank (rows: 1, 4, 8) and seed (columns: 0, 1, 2), how many singular values of the
+    update a rank-16 LoRA learned exceed 1% of the largest."""
     with torch_threads(1):
-        s = torch.linalg.svdvals(_learned_update())
+        return tuple(tuple(_rank_of(_learned_update(seed=seed, true_rank=rank)) for seed in SEEDS)
+                     for rank in TRUE_RANKS)
+
+
+def _rank_of(update: torch.Tensor) -> int:
+    s = torch.linalg.svdvals(update)
     return int((s > 0.01 * s[0]).sum())
