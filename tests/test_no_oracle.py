@@ -141,6 +141,8 @@ def _shown(value: Any) -> list[str]:
     small integer is trivial: it can be guessed)."""
     if isinstance(value, bool) or value is None:
         return []
+    if isinstance(value, float) and value in (0.0, 1.0):  # a verifiable reward (lesson 14): two values, guessed
+        return []  # as a bool is, and "0" or "1" is in nearly every line, so the substring test says nothing
     if isinstance(value, str):
         return [value, repr(value), repr(value)[1:-1]] if len(value) >= 4 else []
     if isinstance(value, int):
@@ -161,7 +163,7 @@ FUNCTIONS = sorted(name for name, ex in checks.REGISTRY.items()
 
 @pytest.mark.parametrize("name", FUNCTIONS)
 def test_no_feedback_prints_the_expected_output(name):
-    """Every exercise of lessons 00-10, 12 and 13: four wrong answers (the reference's output perturbed, None,
+    """Every exercise of lessons 00-10 and 12-15: four wrong answers (the reference's output perturbed, None,
     0, a string) get feedback that contains no expected output of a case (beyond what its label says)."""
     ex = checks.get(name)
     leaks = []
