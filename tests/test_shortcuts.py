@@ -184,7 +184,8 @@ def test_a_llama_built_from_course_classes_scores_zero_on_the_stages_it_touches(
     assert "course_utils.gpt.GPT" in got["llama_forward"] and sub.flags
     assert "course_utils.generate.next_token_probs" in got["llama_top_p"]
     # part 1, the questions and the experiment are not touched by these cells
-    assert not {"dequantize_q4_1", "chatml_prompt", "smollm2_360m_bits", "unpermuted_positions", "row_vs_block_cost"} & set(got)
+    assert not {"dequantize_q4_1", "chatml_prompt", "smollm2_360m_bits", "unpermuted_positions",
+                "row_vs_block_cost"} & set(got)
 
 
 def test_the_mapping_written_with_the_library_permutation_scores_zero():

@@ -19,8 +19,9 @@ builds on pass (``requires``), and the library's versions are removed while grad
 
 Five self-check questions, each a computation on a configuration the lesson does not print (a larger SmolLM2's
 file, the KV cache of a full context, top-p on given logits, a Q4_1 block holding zeros) or an inference from
-its mechanism (which positions survive a forgotten RoPE permutation), and one experiment: what 4-bit quantisation costs the Shakespeare model with a scale per block of 32 (Q4_1) and
-with one scale per row, over three seeds of random validation windows."""
+its mechanism (which positions survive a forgotten RoPE permutation), and one experiment: what 4-bit
+quantisation costs the Shakespeare model with a scale per block of 32 (Q4_1) and with one scale per row, over
+three seeds of random validation windows."""
 
 from __future__ import annotations
 
@@ -580,11 +581,11 @@ def file_bits_per_weight(config: dict, head_stored: bool = False) -> float:
     return 8 * (stored + 4 * norms) / (embedding + matrices + norms)
 
 
-@question(explain=N_("the file's 5.74 mixes three formats: the embedding in Q8_0 (8.5 bits), every other matrix in Q4_1 "
-                     "(5 bits), the norms in F32. SmolLM2-360M holds 47.2 million embedding weights, 314.6 million "
-                     "in its 32 blocks (W_K and W_V have 5 × 64 = 320 rows) and 62,400 in its norms: 5.46 bits a "
-                     "weight. The embedding is a smaller share of the larger model, so its file comes closer to "
-                     "Q4_1's 5 bits."), atol=0.01,
+@question(explain=N_("the file's 5.74 mixes three formats: the embedding in Q8_0 (8.5 bits), every other matrix in "
+                     "Q4_1 (5 bits), the norms in F32. SmolLM2-360M holds 47.2 million embedding weights, 314.6 "
+                     "million in its 32 blocks (W_K and W_V have 5 × 64 = 320 rows) and 62,400 in its norms: 5.46 "
+                     "bits a weight. The embedding is a smaller share of the larger model, so its file comes closer "
+                     "to Q4_1's 5 bits."), atol=0.01,
           hints=[near_wrong({
               file_bits_per_weight(SMOLLM2_CONFIG): N_("that is the 135M file's: recount the weights of each format "
                                                        "for the 360M's sizes"),
@@ -667,11 +668,10 @@ def agreement_letter(agree: tuple[bool, ...]) -> str:
 
 @question(explain=N_("at position 0 the angle is 0, so RoPE turns nothing, and position 0 reads only its own key: "
                      "its query and key hold the reference's numbers in another order, q·k is the same sum, and its "
-                     "logits agree. From position 1 on, a "
-                     "query also reads keys of other positions, and the turn by their distance acts on rows that "
-                     "were never trained as a pair (the file pairs rows 2j and 2j + 1; rotate-half turns row j with "
-                     "row j + 32): those scores differ, and everything after them. A test on a one-token prompt "
-                     "passes with this bug."),
+                     "logits agree. From position 1 on, a query also reads keys of other positions, and the turn "
+                     "by their distance acts on rows that were never trained as a pair (the file pairs rows 2j and "
+                     "2j + 1; rotate-half turns row j with row j + 32): those scores differ, and everything after "
+                     "them. A test on a one-token prompt passes with this bug."),
           hints=[known_wrong({
               "b": N_("reordering W_Q's and W_K's rows alike leaves q·k unchanged only without RoPE: the rotation "
                       "pairs features by their row, so the order decides which two features turn together"),
