@@ -111,18 +111,104 @@ def _trace(steps: int) -> torch.Tensor:
     return torch.tensor([[1e-3, 0.5]] * steps, dtype=torch.float64)
 
 
+def _printout(case, scored: str = "answer") -> tuple[torch.Tensor, torch.Tensor]:
+    """Losses that fall and an optimiser trace whose first step is the one a loop scoring ``scored`` reports
+    (``L.FIRST_STEP_LOSSES``) on the case's fresh model and first batch."""
+    settings = case.args[0]
+    steps = settings["steps"]
+    loss, norm = L.sft_first_step(settings["seed"], settings["batch_size"])[scored]
+    losses = torch.tensor([loss] + [2.0] * (steps // 2 - 1) + [0.05] * (steps - steps // 2), dtype=torch.float64)
+    trace = torch.tensor([[1e-3, norm]] + [[1e-3, 0.5]] * (steps - 1), dtype=torch.float64)
+    return losses, trace
+
+
 def test_the_sft_verdict_reads_the_weights_not_the_printout():
     case = L._sft_cases(torch.Generator().manual_seed(0))[0]
-    steps = case.args[0]["steps"]
-    falling = torch.tensor([2.0] * (steps // 2) + [0.05] * (steps - steps // 2), dtype=torch.float64)
+    falling, trace = _printout(case)
     good = L.sft_reference_state()
-    ok, detail = L._sft_verdict(case, ((good, falling), _trace(steps)), None)
+    ok, detail = L._sft_verdict(case, ((good, falling), trace), None)
     assert ok, say(detail)
     untrained = L.chat_model(seed=case.args[0]["seed"]).state_dict()
-    ok, detail = L._sft_verdict(case, ((untrained, falling), _trace(steps)), None)   # a printout that lies
+    ok, detail = L._sft_verdict(case, ((untrained, falling), trace), None)   # a printout that lies
     assert not ok and "below" in say(detail)
-    ok, detail = L._sft_verdict(case, ((good, falling), _trace(steps - 1)), None)
+    ok, detail = L._sft_verdict(case, ((good, falling), trace[:-1]), None)
     assert not ok and "optimizer.step()" in say(detail)
+
+
+def test_the_sft_verdict_names_what_the_first_step_scored():
+    """Weights that read the numbers do not pass when the loop's first step scored the padding or the prompt."""
+    case = L._sft_cases(torch.Generator().manual_seed(4))[1]
+    good = L.sft_reference_state()
+    for scored, hint in L.FIRST_STEP_LOSSES.items():
+        losses, trace = _printout(case, scored)
+        ok, detail = L._sft_verdict(case, ((good, losses), trace), None)
+        if hint is None:
+            assert ok, (scored, say(detail))
+        else:
+            assert not ok and say(hint) in say(detail) and "first step" in say(detail), (scored, say(detail))
+    losses, trace = _printout(case)
+    trace[0, 1] *= 1.01  # the right loss with another gradient: another batch, or another model
+    ok, detail = L._sft_verdict(case, ((good, losses), trace), None)
+    assert not ok and "torch.randint" in say(detail), say(detail)
+
+
+# the solution's loss line, and the ways a learner gets the positions wrong
+SFT_LOSS = "        loss = F.cross_entropy(logits[mask], y[mask])\n"
+SFT_WRONG = {
+    "padding in the loss": ("        keep = mask.cumsum(1) > 0  # from the answer on, to the row's end\n"
+                            "        loss = F.cross_entropy(logits[keep], y[keep])\n", "the padding is in the loss"),
+    "prompt and padding in the loss": ("        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())\n",
+                                       "the prompt and the padding are in the loss"),
+    "prompt in the loss": ("        last = mask.shape[1] - mask.flip(1).int().argmax(1)  # one past END\n"
+                           "        keep = torch.arange(mask.shape[1]) < last[:, None]\n"
+                           "        loss = F.cross_entropy(logits[keep], y[keep])\n", "the prompt is in the loss"),
+    "ignore_index=pad_id": ("        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=PAD_ID)\n",
+                            "ignore_index=pad_id leaves the prompt in the loss"),
+}
+
+
+def _sft_loop(ns: dict, loss_line: str = SFT_LOSS):
+    """The solution's sft_trained with its loss line replaced, in a namespace of its own."""
+    mine = dict(ns)
+    cell = next(c for c in nbformat.read(ROOT / "solutions" / "13_adapting.ipynb", as_version=4).cells
+                if (c.metadata.get("nbgrader") or {}).get("grade_id") == "sft_training")
+    assert SFT_LOSS in cell.source
+    exec(cell.source.replace(SFT_LOSS, loss_line), mine)
+    exec("def sft_trained(settings):\n    torch.manual_seed(settings['seed'])\n"
+         "    model = GPT(GPTConfig(**CHAT_SIZES))\n    losses = train_sft(model, settings)\n"
+         "    return model.state_dict(), torch.tensor([float(v) for v in losses], dtype=torch.float64)\n", mine)
+    return mine["sft_trained"]
+
+
+def _judged(case, sft_trained) -> tuple[bool, str]:
+    with checks.optimizer_trace() as steps:
+        value = sft_trained(case.args[0])
+    ok, detail = L._sft_verdict(case, (value, checks.trace_tensor(steps)), None)
+    return ok, say(detail)
+
+
+def test_real_loops_first_steps_are_told_apart(ns):
+    """Three steps of the solution's loop and of each wrong one: the grader's first step equals the loop's."""
+    case = L._sft_cases(torch.Generator().manual_seed(8))[0]
+    short = checks.Case(case.label, (dict(case.args[0], steps=3),))
+    ok, detail = _judged(short, _sft_loop(ns))
+    assert not ok and "first step" not in detail and "hardly fell" in detail, detail  # 3 steps learn nothing
+    for name, (line, hint) in SFT_WRONG.items():
+        ok, detail = _judged(short, _sft_loop(ns, line))
+        assert not ok and hint in detail, (name, detail)
+
+
+@pytest.mark.slow
+def test_loops_with_the_padding_or_the_prompt_in_the_loss_fail_though_they_learn_to_read(ns):
+    """The full run (about 20 s a loop on one core): the wrong loops learn to read the held-out numbers, as the
+    right one does, and passed this check before the first step was judged."""
+    case = L._sft_cases(torch.Generator().manual_seed(0))[0]
+    ok, detail = _judged(case, _sft_loop(ns))
+    assert ok, detail
+    for name in ("padding in the loss", "prompt in the loss"):
+        line, hint = SFT_WRONG[name]
+        ok, detail = _judged(case, _sft_loop(ns, line))
+        assert not ok and hint in detail, (name, detail)
 
 
 def test_the_dpo_verdict_needs_the_preference_learned(ns):

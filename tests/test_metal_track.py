@@ -4,6 +4,8 @@ the grader's static check (``course_tools.grading.metal``) and the stages' refer
 tests: a guard that replaced nothing, a static check that read nothing, a verdict without the hint."""
 
 import copy
+import math
+import random
 from pathlib import Path
 
 import nbformat
@@ -260,6 +262,175 @@ def test_a_naive_softmax_fails_on_large_logits_with_the_stability_hint():
     result = checks.run("metal_softmax", naive, seed=0)
     assert result.status == checks.FAIL and "subtract the maximum" in result.report()
 
+
+
+# LayerNorm: ways a learner writes a correct layer, and the bugs the cases are there to catch. Each is a
+# learner's class (``_mine``); the check loads the case's weight and bias into it, as the notebook's
+# metal_layer_norm_run does.
+class _Norm(nn.Module):  # a learner's class, like every subclass below (``_mine``)
+    def __init__(self, d, eps=1e-5):
+        super().__init__()
+        self.eps, self.weight, self.bias = eps, nn.Parameter(torch.ones(d)), nn.Parameter(torch.zeros(d))
+
+    def forward(self, x):
+        return self.normalised(x) * self.weight + self.bias
+
+
+_mine(_Norm)
+
+
+def _norm(name, normalised):
+    return _mine(type(name, (_Norm,), {"normalised": lambda self, x: normalised(x, self.eps)}))
+
+
+def _two_pass(x, eps):  # the solution's way
+    mean = x.mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(((x - mean) ** 2).mean(-1, keepdim=True) + eps)
+
+
+def _step_by_step(x, eps):  # sums over D, a product for the square, a reciprocal then a multiply
+    d = x.shape[-1]
+    centred = x - x.sum(-1, keepdim=True) / d
+    return centred * (1.0 / ((centred * centred).sum(-1, keepdim=True) / d + eps).sqrt())
+
+
+def _var_mean(x, eps):
+    var, mean = torch.var_mean(x, -1, unbiased=False, keepdim=True)
+    return (x - mean) * torch.rsqrt(var + eps)
+
+
+def _welford(x, eps):  # one pass over the features, the running mean and sum of squared deviations
+    mean, m2 = torch.zeros_like(x[..., :1]), torch.zeros_like(x[..., :1])
+    for k in range(x.shape[-1]):
+        value = x[..., k:k + 1]
+        delta = value - mean
+        mean = mean + delta / (k + 1)
+        m2 = m2 + delta * (value - mean)
+    return (x - mean) / torch.sqrt(m2 / x.shape[-1] + eps)
+
+
+class _HandWritten(torch.autograd.Function):
+    """LayerNorm with its backward written out: dx = (g·w − mean(g·w) − x̂·mean(g·w·x̂)) / σ."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        centred = x - x.mean(-1, keepdim=True)
+        inv_std = 1.0 / torch.sqrt((centred * centred).mean(-1, keepdim=True) + eps)
+        x_hat = centred * inv_std
+        ctx.save_for_backward(x_hat, inv_std, weight)
+        return x_hat * weight + bias
+
+    @staticmethod
+    def backward(ctx, g):
+        x_hat, inv_std, weight = ctx.saved_tensors
+        gw = g * weight
+        dx = inv_std * (gw - gw.mean(-1, keepdim=True) - x_hat * (gw * x_hat).mean(-1, keepdim=True))
+        rows = tuple(range(g.dim() - 1))
+        return dx, (g * x_hat).sum(rows), g.sum(rows), None
+
+
+class _HandWrittenNorm(_Norm):
+    def forward(self, x):
+        return _HandWritten.apply(x, self.weight, self.bias, self.eps)
+
+
+_mine(_HandWrittenNorm)
+LAYER_NORMS = {
+    "two passes": _norm("TwoPass", _two_pass),
+    "step by step": _norm("StepByStep", _step_by_step),
+    "torch.var_mean and rsqrt": _norm("VarMean", _var_mean),
+    "Tensor.var(unbiased=False)": _norm("Var", lambda x, eps: (x - x.mean(-1, keepdim=True)) / (
+        x.var(-1, unbiased=False, keepdim=True) + eps).sqrt()),
+    "Welford": _norm("Welford", _welford),
+    "the backward by hand": _HandWrittenNorm,
+}
+# bug -> (the case index that must catch it on every seed, words of the hint that names its fix)
+LAYER_NORM_BUGS = {
+    "one-pass variance E[x²] − μ²": (_norm("OnePass", lambda x, eps: (x - x.mean(-1, keepdim=True)) / torch.sqrt(
+        (x * x).mean(-1, keepdim=True) - x.mean(-1, keepdim=True) ** 2 + eps)), 2, "average (x − μ)² instead"),
+    "one-pass variance with sums": (_norm("OnePassSums", lambda x, eps: (x - x.sum(-1, keepdim=True) / x.shape[-1]) / (
+        (x ** 2).sum(-1, keepdim=True) / x.shape[-1] - (x.sum(-1, keepdim=True) / x.shape[-1]) ** 2 + eps).sqrt()),
+        2, "average (x − μ)² instead"),
+    "unbiased variance": (_norm("Unbiased", lambda x, eps: (x - x.mean(-1, keepdim=True)) / (
+        x.var(-1, keepdim=True) + eps).sqrt()), None, "divides the variance by D − 1"),
+    "eps outside the root": (_norm("EpsOutside", lambda x, eps: (x - x.mean(-1, keepdim=True)) / (
+        x.var(-1, unbiased=False, keepdim=True).sqrt() + eps)), 1, "epsilon goes inside the square root"),
+}
+# The grader draws every submission's cases with a fresh 31-bit seed (and a notebook check with another):
+# small seeds and seeds from the whole range.
+LAYER_NORM_SEEDS = list(range(50)) + random.Random(2026).sample(range(2**31), 150)
+
+
+def _layer_norm_answer(norm_class):
+    def run(x, weight, bias, grad):
+        module = norm_class(x.shape[-1])
+        module.load_state_dict({"weight": weight, "bias": bias})
+        leaf = x.clone().requires_grad_(True)
+        out = module(leaf)
+        (out * grad).sum().backward()
+        return out.detach(), leaf.grad, module.weight.grad, module.bias.grad
+    return run
+
+
+def _of_tolerance(got, expected) -> float:
+    """The largest error of ``got`` as a multiple of the check's tolerance, atol + rtol·|expected| (1 is the
+    edge of passing; NaN counts as infinitely far)."""
+    ex = checks.get("metal_layer_norm")
+    worst = 0.0
+    for g, e in zip(got, expected, strict=True):
+        error = torch.nan_to_num((g.double() - e.double()).abs(), nan=math.inf)
+        worst = max(worst, float((error / (ex.atol + ex.rtol * e.double().abs())).max()))
+    return worst
+
+
+@pytest.fixture(scope="module")
+def layer_norm_errors():
+    """{variant: [[error as a multiple of the tolerance, per case] per seed]} for the correct variants and the bugs,
+    with the check's own verdict and line per case."""
+    variants = dict(LAYER_NORMS) | {name: bug[0] for name, bug in LAYER_NORM_BUGS.items()}
+    errors = {name: [] for name in variants}
+    ex = checks.get("metal_layer_norm")
+    for seed in LAYER_NORM_SEEDS:
+        cases = checks.draw("metal_layer_norm", seed)
+        expected = [L.metal_layer_norm(*case.args) for case in cases]
+        for name, norm_class in variants.items():
+            with guard():
+                answers = [checks.call(_layer_norm_answer(norm_class), case) for case in cases]
+            errors[name].append([(_of_tolerance(got, exp), checks.judge(ex, case, got, exp))
+                                 for case, got, exp in zip(cases, answers, expected, strict=True)])
+    return errors
+
+
+def test_layer_norm_cases_pass_every_correct_layer_far_within_the_tolerance(layer_norm_errors):
+    # measured over 3,000 seeds: at most 0.09 of the tolerance on the float32 cases, 0.008 on the one far from zero
+    for name in LAYER_NORMS:
+        for seed, per_case in zip(LAYER_NORM_SEEDS, layer_norm_errors[name], strict=True):
+            assert all(outcome.status == checks.PASS for _, outcome in per_case), (name, seed, per_case)
+            assert max(r for r, _ in per_case) < 0.2, (name, seed)
+            assert per_case[2][0] < 0.02, (name, seed)  # float64 far from zero: round-off leaves nothing to see
+
+
+def test_layer_norm_cases_fail_every_bug_on_every_seed_far_outside_the_tolerance_with_its_hint(layer_norm_errors):
+    correct = max(r for name in LAYER_NORMS for per_case in layer_norm_errors[name] for r, _ in per_case)
+    for name, (_, catcher, hint) in LAYER_NORM_BUGS.items():
+        for seed, per_case in zip(LAYER_NORM_SEEDS, layer_norm_errors[name], strict=True):
+            caught = per_case if catcher is None else [per_case[catcher]]
+            for r, outcome in caught:
+                assert outcome.status == checks.FAIL and hint in outcome.line, (name, seed, outcome.line)
+                assert r > 50 and r > 500 * correct, (name, seed, r, correct)  # measured: at least 136 and 1,580×
+
+
+def test_layer_norm_far_from_zero_case_is_float64_and_the_small_spread_case_is_float32():
+    x_plain, x_small, x_far = (case.args[0] for case in checks.draw("metal_layer_norm", 7))
+    assert x_plain.dtype == x_small.dtype == torch.float32 and x_far.dtype == torch.float64
+    assert float(x_small.std()) < 0.02 and L._far_from_zero(x_far) and not L._far_from_zero(x_plain)
+
+
+def test_a_layer_norm_with_another_bug_gets_no_cancellation_hint():
+    # the weight left out: the rows are not rescaled copies of the answer, so no hint about the variance
+    no_weight = _mine(type("NoWeight", (_Norm,), {"forward": lambda self, x: _two_pass(x, self.eps) + self.bias}))
+    result = checks.run("metal_layer_norm", _layer_norm_answer(no_weight), seed=3)
+    assert result.status == checks.FAIL and "average (x − μ)²" not in result.report()
 
 def test_the_schedule_reference_is_pytorchs_and_equals_the_capstone_formula():
     for case in checks.draw("metal_schedule", 3):

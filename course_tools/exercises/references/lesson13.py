@@ -424,6 +424,83 @@ def _fell(losses: list[float]) -> tuple[float, float]:
     return statistics.fmean(losses[:tenth]), statistics.fmean(losses[-tenth:])
 
 
+# The loss of a loop's first step, on the fresh model of the case's seed and the first batch the contract draws,
+# is fixed by which positions the loop scores: the grader computes it for the mask (the exercise) and for the usual
+# mistakes, and compares the loss and the gradient norm that the learner's first step reported (the optimiser trace).
+# The exercise's verdict on the trained weights alone cannot see the padding or the prompt in the loss: such loops
+# still learn to read the numbers. At random weights every position costs about ln V, so the losses alone can come
+# close (over the 1,000 seeds a case can draw, a wrong loss came within 1e-4 of a right one on up to 7 seeds); the
+# two together keep every wrong way on every seed at least 29 times a tolerance away, while the right loss written
+# four ways (1 or 2 threads) stayed within 7.2e-7 of the loss and 1e-8 (relative) of the norm.
+FIRST_STEP_LOSS_TOL = 1e-4  # absolute, on losses near ln V ≈ 3.6; float32 round-off between two ways of writing
+FIRST_STEP_NORM_TOL = 1e-3  # relative; the right loss written differently moves either by about 1e-6
+FIRST_STEP_LOSSES = {  # the positions scored -> the hint when the learner's first step matches it
+    "answer": None,  # the exercise: the mean over the mask's positions
+    "answer, per sequence": None,  # the mean over each sequence's answer, then over the batch: also only answers
+    "everything": N_("the prompt and the padding are in the loss: take the cross-entropy over the mask's positions "
+                     "only (logits[mask], y[mask])"),
+    "answer and padding": N_("the padding is in the loss: the positions after an answer's END are pad_id filler; "
+                             "take the cross-entropy over the mask's positions only (logits[mask], y[mask])"),
+    "prompt and answer": N_("the prompt is in the loss: the model would learn to write the user's turn too; take "
+                            "the cross-entropy over the mask's positions only (logits[mask], y[mask])"),
+    "all but pad_id": N_("ignore_index=pad_id leaves the prompt in the loss (and drops its spaces: pad_id is the "
+                         "space's id); take the cross-entropy over the mask's positions only (logits[mask], y[mask])"),
+    "answer, summed": N_("that is a sum over the answer tokens: the loss is their mean, so that the step size does "
+                         "not grow with the batch"),
+}
+
+
+def sft_first_step(seed: int, batch_size: int) -> dict[str, tuple[float, float]]:
+    """{positions scored: (loss, global gradient norm)} of the first step of an SFT loop on the chat model fresh
+    from ``seed``, with the contract's first batch (``batch_size`` numbers drawn by a generator seeded with
+    ``seed``), for each way of scoring in ``FIRST_STEP_LOSSES``."""
+    train = chat_numbers()[0]
+    picks = torch.randint(len(train), (batch_size,), generator=torch.Generator().manual_seed(seed)).tolist()
+    x, y, mask = sft_batch([[str(train[i]), read_number(train[i])] for i in picks], PAD_ID)
+    real = torch.arange(y.shape[1]) <= (mask * torch.arange(y.shape[1])).amax(1, keepdim=True)  # up to END
+    model = chat_model(seed=seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    out = {}
+    with torch_threads(1):
+        per_token = F.cross_entropy(model(x)[0].transpose(1, 2), y, reduction="none")
+        for name in FIRST_STEP_LOSSES:
+            loss = _scored(name, per_token, y, mask, real)
+            grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+            norm = math.sqrt(sum(float(g.double().square().sum()) for g in grads if g is not None))
+            out[name] = (float(loss.detach()), norm)
+    return out
+
+
+def _scored(name: str, per_token: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, real: torch.Tensor) \
+        -> torch.Tensor:
+    """The loss of a batch's per-token cross-entropies (B, T) scored as ``name`` says (``FIRST_STEP_LOSSES``)."""
+    if name == "answer, per sequence":
+        return ((per_token * mask).sum(1) / mask.sum(1)).mean()
+    if name == "answer, summed":
+        return per_token[mask].sum()
+    keep = {"answer": mask, "everything": torch.ones_like(mask), "answer and padding": mask | ~real,
+            "prompt and answer": real, "all but pad_id": y != PAD_ID}[name]
+    return per_token[keep].mean()
+
+
+def _first_step_problem(settings: dict, losses: list[float], trace: torch.Tensor) -> str | None:
+    """None when the loop's first step scored the answers' positions only, else why not (a hint)."""
+    got = (losses[0], float(trace[0, 1]))
+
+    def matches(expected: tuple[float, float]) -> bool:
+        return abs(got[0] - expected[0]) <= FIRST_STEP_LOSS_TOL and \
+            abs(got[1] - expected[1]) <= FIRST_STEP_NORM_TOL * expected[1]
+    expected = sft_first_step(settings["seed"], settings["batch_size"])
+    if any(matches(expected[name]) for name, hint in FIRST_STEP_LOSSES.items() if hint is None):
+        return None
+    for name, hint in FIRST_STEP_LOSSES.items():
+        if hint is not None and matches(expected[name]):
+            return _(hint)
+    return _("your first step's loss and gradient are not those of the mean cross-entropy over the mask's positions "
+             "on the fresh model and the first batch: draw the numbers with torch.randint and the generator seeded "
+             "with settings[\"seed\"], build the batch with your sft_batch, and score only the mask's positions")
+
+
 def _sft_cases(gen: torch.Generator) -> list[Case]:
     return [Case(N_("a fresh chat model, seed {seed}, {steps} steps of {batch_size} pairs, lr {lr:g}", seed=seed,
                     **SFT_SETTINGS), (dict(SFT_SETTINGS, seed=seed),))
@@ -436,6 +513,10 @@ def _sft_verdict(case: Case, got: Any, expected: Any) -> tuple[bool, str]:
     wrong = _loop_problem(state, losses, trace, settings["steps"])
     if wrong:
         return False, wrong
+    wrong = _first_step_problem(settings, losses, trace)
+    if wrong:
+        return False, _("{wrong} (judged on your first step, where the model is the fresh one of the case's seed)",
+                        wrong=wrong)
     try:
         model = chat_model(state)
     except (RuntimeError, ValueError, TypeError):
