@@ -137,6 +137,7 @@ class SkipGram(nn.Module):
         super().__init__()
         self.in_embed = nn.Parameter((torch.rand(vocab_size, dim, generator=gen) * 2 - 1) / dim)
         self.out_embed = nn.Parameter(torch.zeros(vocab_size, dim))
+        self._work: _Workspace | None = None  # sgd_step's blocks, kept between steps
 
     def forward(self, centre: torch.Tensor, context: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """Per-pair loss for ids centre (B,), context (B,), noise (B, K) -> (B,)."""
@@ -151,24 +152,48 @@ class SkipGram(nn.Module):
         by ``p -= lr * p.grad`` (the tests check this), several times faster: rows are read with
         ``index_select`` and their changes added back with ``index_add_`` (repeated ids add up).
         The step is bound by memory traffic, not arithmetic: it moves (B, 1+K, D) blocks, so it
-        makes as few of them as it can (the rows' update is written over ``u`` once ``u`` is
-        used up) and as few calls as it can (each costs microseconds of Python).
+        makes as few passes over them as it can (the scores come from one ``bmm``, not a product
+        and a sum; the rows' update is written over ``u`` once ``u`` is used up) and writes them
+        into blocks it keeps from step to step (a fresh block costs page faults every step).
         Returns the mean loss of the batch before the step.
         """
-        D = self.in_embed.shape[1]
-        targets = torch.cat([context[:, None], noise], dim=1)  # (B, 1+K): the context word first
-        labels = torch.zeros(targets.shape[1])
-        labels[0] = 1.0  # 1 for the context word, 0 for the noise words
-        v = self.in_embed.index_select(0, centre)  # (B, D)
-        u = self.out_embed.index_select(0, targets.view(-1)).view(*targets.shape, D)  # (B, 1+K, D)
-        scores = (u * v[:, None, :]).sum(-1)  # (B, 1+K): u_o · v_c, then u_k · v_c
-        loss = -F.logsigmoid(scores * (2 * labels - 1)).sum(-1).mean()  # sgns_loss, from the scores
-        step = torch.sigmoid(scores).sub_(labels).mul_(-lr)  # -lr · dloss/dscore = -lr · (σ(s) - label)
-        delta_v = torch.bmm(step[:, None, :], u).squeeze(1)  # (B, D): -lr · Σ_k g_k u_k
+        B, K1, D = centre.numel(), noise.shape[1] + 1, self.in_embed.shape[1]
+        work = self._workspace(B, K1, targets_dtype=context.dtype)
+        targets = torch.cat([context[:, None], noise], dim=1, out=work.targets).view(-1)  # context word first
+        v = torch.index_select(self.in_embed, 0, centre, out=work.v)  # (B, D)
+        u = torch.index_select(self.out_embed, 0, targets, out=work.u).view(B, K1, D)  # (B, 1+K, D)
+        scores = torch.bmm(v[:, None, :], u.mT, out=work.scores).squeeze(1)  # (B, 1+K): u_o · v_c, u_k · v_c
+        loss = -F.logsigmoid(scores * work.sign).sum(-1).mean()  # sgns_loss, from the scores
+        step = torch.sigmoid(scores).sub_(work.labels).mul_(-lr)  # -lr · dloss/dscore = -lr · (σ(s) - label)
+        delta_v = torch.bmm(step[:, None, :], u, out=work.delta_v).squeeze(1)  # (B, D): -lr · Σ_k g_k u_k
         delta_u = torch.mul(step[..., None], v[:, None, :], out=u)  # (B, 1+K, D): -lr · g_k v_c
-        self.out_embed.index_add_(0, targets.view(-1), delta_u.view(-1, D))
+        self.out_embed.index_add_(0, targets, delta_u.view(-1, D))
         self.in_embed.index_add_(0, centre, delta_v)
         return float(loss)
+
+    def _workspace(self, B: int, K1: int, targets_dtype: torch.dtype) -> _Workspace:
+        """The blocks ``sgd_step`` writes into for batches of B pairs with K1 - 1 noise words each."""
+        like = self.in_embed
+        key = (B, K1, like.shape[1], like.device, like.dtype, targets_dtype)
+        if self._work is None or self._work.key != key:
+            self._work = _Workspace(key, B, K1, like, targets_dtype)
+        return self._work
+
+
+class _Workspace:
+    """Blocks reused by every ``sgd_step`` of one batch shape (its last, shorter batch makes new ones)."""
+
+    def __init__(self, key: tuple, B: int, K1: int, like: torch.Tensor, targets_dtype: torch.dtype):
+        D, device = like.shape[1], like.device
+        self.key = key
+        self.targets = torch.empty(B, K1, dtype=targets_dtype, device=device)
+        self.v = torch.empty(B, D, dtype=like.dtype, device=device)
+        self.u = torch.empty(B * K1, D, dtype=like.dtype, device=device)
+        self.scores = torch.empty(B, 1, K1, dtype=like.dtype, device=device)
+        self.delta_v = torch.empty(B, 1, D, dtype=like.dtype, device=device)
+        self.labels = torch.zeros(K1, dtype=like.dtype, device=device)
+        self.labels[0] = 1.0  # 1 for the context word, 0 for the noise words
+        self.sign = 2 * self.labels - 1
 
 
 # --- word vectors ----------------------------------------------------------------------------
