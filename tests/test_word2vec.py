@@ -163,7 +163,7 @@ def test_sgd_step_writes_into_the_same_blocks_while_the_batch_shape_stays():
     model.sgd_step(ids[1], ids[2], ids[0].view(32, 1).repeat(1, 5), lr=0.1)
     assert model._work is first
     model.sgd_step(ids[1, :7], ids[2, :7], ids[0, :7].view(7, 1).repeat(1, 5), lr=0.1)
-    assert model._work is not first and model._work.u.shape == (7 * 6, 8)
+    assert model._work is not first and model._work.block.shape == (7 + 7 * 6, 8)
 
 
 def _toy_vectors():
