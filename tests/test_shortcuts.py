@@ -184,7 +184,8 @@ def test_a_llama_built_from_course_classes_scores_zero_on_the_stages_it_touches(
     assert "course_utils.gpt.GPT" in got["llama_forward"] and sub.flags
     assert "course_utils.generate.next_token_probs" in got["llama_top_p"]
     # part 1, the questions and the experiment are not touched by these cells
-    assert not {"dequantize_q4_1", "chatml_prompt", "q5_1_bits", "rope_row", "row_vs_block_cost"} & set(got)
+    assert not {"dequantize_q4_1", "chatml_prompt", "smollm2_360m_bits", "unpermuted_positions",
+                "row_vs_block_cost"} & set(got)
 
 
 def test_the_mapping_written_with_the_library_permutation_scores_zero():
@@ -260,9 +261,9 @@ def test_a_cell_the_parser_runs_out_of_memory_on_scores_zero_not_skipped():
     nested = "x = " + "-" * 20_000 + "1\n"  # CPython's parser runs out of stack: MemoryError
     deep = "y = a" + ".b" * 300 + "\n"  # parses, but deeper than the check reads
     sub = judged("12_real_llm", {"q8_0_roundtrip": nested + "def q8_0_roundtrip(x):\n    return x\n",
-                                 "q5_1_bits": deep + "def q5_1_bits():\n    return 6.0\n"})
+                                 "smollm2_360m_bits": deep + "def smollm2_360m_bits():\n    return 5.46\n"})
     got = zeroed(sub)
-    assert "MemoryError" in got["q8_0_roundtrip"] and "nested too deeply" in got["q5_1_bits"] and sub.flags
+    assert "MemoryError" in got["q8_0_roundtrip"] and "nested too deeply" in got["smollm2_360m_bits"] and sub.flags
 
 
 def test_cells_not_read_in_time_get_a_timeout_status():
@@ -285,8 +286,8 @@ def test_a_failure_of_the_reader_blinds_the_check_so_kept_exercises_score_zero(m
 # --- 5. the cost is bounded -------------------------------------------------------------------------
 
 def test_a_cell_over_the_size_limit_is_refused_with_a_status():
-    source = "# " + "x" * cell_summary.MAX_CHARS + "\ndef q5_1_bits():\n    return 6.0\n"
-    status = zeroed(judged("12_real_llm", {"q5_1_bits": source}))["q5_1_bits"]
+    source = "# " + "x" * cell_summary.MAX_CHARS + "\ndef smollm2_360m_bits():\n    return 5.46\n"
+    status = zeroed(judged("12_real_llm", {"smollm2_360m_bits": source}))["smollm2_360m_bits"]
     assert "too long for the static check" in status
 
 

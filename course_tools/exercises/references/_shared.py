@@ -55,6 +55,20 @@ def _same_answer(got: Any, wrong: Any) -> bool:
     return type(got) is type(wrong) and got == wrong
 
 
+def near_wrong(table: dict[float, str], atol: float) -> Callable[[Any, Any, Any], str | None]:
+    """The hint of a numeric question answered with a few digits: the misconception of the known wrong
+    value within ``atol`` of the answer (``known_wrong`` compares to 1e-4, too close for a number the
+    learner rounds)."""
+
+    def hint(case: Any, got: Any, expected: Any) -> str | None:
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            return None
+        return next((why for wrong, why in table.items() if abs(got - wrong) <= atol), None)
+
+    hint.table = table  # the known wrong answers, for the tests that try them
+    return hint
+
+
 def known_wrong(table: dict[Any, str]) -> Callable[[Any, Any, Any], str | None]:
     """The hint of a question: the misconception behind each known wrong answer (a number, a
     tuple, a letter), and the form of a letter written in capitals or with spaces."""

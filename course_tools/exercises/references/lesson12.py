@@ -17,9 +17,11 @@ The reference model is the course's GPT, reached through ``convert.from_llama_st
 the rotate-half rows back into neighbour pairs). Every ``llama_*`` stage counts only while the stages it
 builds on pass (``requires``), and the library's versions are removed while grading (``TEACHES``).
 
-Five self-check questions, four of them computations on configurations the lesson does not print, and one
-experiment: what 4-bit quantisation costs the Shakespeare model with a scale per block of 32 (Q4_1) and
-with one scale per row, over three seeds of random validation windows."""
+Five self-check questions, each a computation on a configuration the lesson does not print (a larger SmolLM2's
+file, the KV cache of a full context, top-p on given logits, a Q4_1 block holding zeros) or an inference from
+its mechanism (which positions survive a forgotten RoPE permutation), and one experiment: what 4-bit
+quantisation costs the Shakespeare model with a scale per block of 32 (Q4_1) and with one scale per row, over
+three seeds of random validation windows."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ import torch
 
 from course_tools.exercises.checks import Case, exercise, question
 from course_tools.exercises.references._shared import close as _close
-from course_tools.exercises.references._shared import known_wrong
+from course_tools.exercises.references._shared import known_wrong, near_wrong
 from course_tools.messages import N_, N_n, _
 from course_utils import chat, convert, data, generate, gguf, pretrained, quantize
 from course_utils.config import llama
@@ -562,15 +564,42 @@ def llama_generate(config: dict, state: dict[str, torch.Tensor], ids: torch.Tens
 # ------------------------------------------------------------------ self-check questions
 
 
-@question(explain=N_("32 five-bit numbers are 160 bits = 20 bytes, plus 2 bytes of scale and 2 of minimum: 24 bytes = "
-                     "192 bits for 32 weights, 6 bits a weight."),
-          hints=[known_wrong({
-              5: N_("that counts the 5-bit numbers only; each block also stores d and m, 2 bytes each"),
-              5.5: N_("that is a scale only; Q5_1 also stores the minimum m"),
-          })])
-def q5_1_bits() -> float:
-    """Bits per weight of Q5_1 (blocks of 32 five-bit numbers, a float16 scale and a float16 minimum)."""
-    return (32 * 5 + 2 * 16) / 32
+SMOLLM2_360M = {"vocab_size": 49152, "d_model": 960, "n_layers": 32, "n_heads": 15, "n_kv_heads": 5, "d_ff": 2560,
+                "tie_embeddings": True}
+
+
+def file_bits_per_weight(config: dict, head_stored: bool = False) -> float:
+    """Bits per weight (tensor bytes × 8 over the weights, ``gguf.memory_report``'s measure) of a LLaMA written
+    as lesson 12's file is: the embedding in Q8_0, every other matrix in Q4_1, the norms' gains in F32.
+    ``head_stored`` counts a tied unembedding a second time, as if the file held ``output.weight`` too."""
+    c = config
+    d, d_head = c["d_model"], c["d_model"] // c["n_heads"]
+    embedding = c["vocab_size"] * d * (2 if head_stored else 1)
+    matrices = c["n_layers"] * (2 * d * d + 2 * c["n_kv_heads"] * d_head * d + 3 * d * c["d_ff"])
+    norms = (2 * c["n_layers"] + 1) * d
+    stored = (embedding * quantize.BLOCK_BYTES["Q8_0"] + matrices * quantize.BLOCK_BYTES["Q4_1"]) / quantize.BLOCK
+    return 8 * (stored + 4 * norms) / (embedding + matrices + norms)
+
+
+@question(explain=N_("the file's 5.74 mixes three formats: the embedding in Q8_0 (8.5 bits), every other matrix in "
+                     "Q4_1 (5 bits), the norms in F32. SmolLM2-360M holds 47.2 million embedding weights, 314.6 "
+                     "million in its 32 blocks (W_K and W_V have 5 × 64 = 320 rows) and 62,400 in its norms: 5.46 "
+                     "bits a weight. The embedding is a smaller share of the larger model, so its file comes closer "
+                     "to Q4_1's 5 bits."), atol=0.01,
+          hints=[near_wrong({
+              file_bits_per_weight(SMOLLM2_CONFIG): N_("that is the 135M file's: recount the weights of each format "
+                                                       "for the 360M's sizes"),
+              quantize.bits_per_weight("Q4_1"): N_("that is Q4_1 alone: the embedding is stored in Q8_0, 8.5 bits a "
+                                                   "weight"),
+              file_bits_per_weight({**SMOLLM2_360M, "n_kv_heads": SMOLLM2_360M["n_heads"]}):
+                  N_("W_K and W_V have one row per feature of the 5 key/value heads: 320 rows, not 960"),
+              file_bits_per_weight(SMOLLM2_360M, head_stored=True):
+                  N_("the unembedding is tied to the embedding: the file stores it once (it has no output.weight)"),
+          }, atol=0.01)])
+def smollm2_360m_bits() -> float:
+    """Bits per weight of SmolLM2-360M (d_model 960, 32 blocks, 15 query and 5 key/value heads of 64, SwiGLU
+    2,560, vocabulary 49,152, tied) written as lesson 12's file: embedding Q8_0, matrices Q4_1, norms F32."""
+    return file_bits_per_weight(SMOLLM2_360M)
 
 
 @question(explain=N_("keys and values: 2 × 30 blocks × 3 key/value heads × 64 features × 8,192 positions × 4 bytes "
@@ -599,30 +628,82 @@ def top_p_second_prob() -> float:
     return float(probs[1] / (probs[0] + probs[1]))
 
 
-@question(explain=N_("row 7 = 2·3 + 1 is the second feature of pair 3 in the file; rotate-half puts pair j at rows j "
-                     "and j + 32, so it becomes row 35."),
-          hints=[known_wrong({
-              3: N_("row 2j + 1 is the second feature of pair j: it goes to j + d/2, not to j"),
-              14: N_("that is the permutation the other way round (halves to pairs)"),
-              39: N_("j is 3 (7 = 2·3 + 1): the row becomes 3 + 32"),
-          })])
-def rope_row() -> int:
-    """In one head (64 features) of the file's W_Q, row 7 goes to which row of rotate-half order (count from 0)?"""
-    return int(pairs_to_halves(torch.arange(64)[:, None], 1)[:, 0].tolist().index(7))
+# A LLaMA with SmolLM2's head width (64), RoPE base and three query heads per key/value head, small enough to
+# build on every check; tests/test_lesson12_questions.py finds the same positions on SmolLM2 itself.
+UNPERMUTED_CONFIG = {"vocab_size": 64, "d_model": 192, "n_layers": 2, "n_heads": 3, "n_kv_heads": 1, "d_ff": 256,
+                     "rope_base": 100000.0, "eps": 1e-5, "tie_embeddings": True}
 
 
-@question(explain=N_("the vocabulary was learned mostly from English: a Korean syllable is 3 UTF-8 bytes and few "
-                     "merges join them, so Korean text needs more tokens per character and costs more context and "
-                     "time."),
+def file_order(state: dict[str, torch.Tensor], config: dict) -> dict[str, torch.Tensor]:
+    """The interface's state with W_Q and W_K back in the file's neighbour-pair order: what a ``map_tensor``
+    without the permutation hands over."""
+    from course_utils.positional import rope_halves_to_pairs
+
+    heads = {"q_proj": config["n_heads"], "k_proj": config["n_kv_heads"]}
+    return {k: next((rope_halves_to_pairs(v, h) for part, h in heads.items() if part in k), v)
+            for k, v in state.items()}
+
+
+@lru_cache(maxsize=1)
+def unpermuted_agreement(tokens: int = 6, seed: int = 0) -> tuple[bool, ...]:
+    """For each position of a prompt of ``tokens`` tokens: whether a rotate-half LLaMA whose W_Q and W_K are in
+    the file's order gives the right model's logits (to 1e-4)."""
+    c = UNPERMUTED_CONFIG
+    gen = torch.Generator().manual_seed(seed)
+    state = random_llama_state(c, gen)
+    ids = torch.randint(c["vocab_size"], (1, tokens), generator=gen)
+    with torch.no_grad(), torch_threads(1):
+        right = reference_llama(c, state).double()(ids)[0][0]
+        wrong = reference_llama(c, file_order(state, c)).double()(ids)[0][0]
+    return tuple(bool(gap <= 1e-4) for gap in (right - wrong).abs().amax(-1))
+
+
+def agreement_letter(agree: tuple[bool, ...]) -> str:
+    """The option of question 4 that a pattern of agreeing positions is."""
+    first = agree.index(False) if False in agree else len(agree)
+    if any(agree[first:]):
+        raise ValueError(f"positions {agree} agree in no pattern the options name")
+    return {len(agree): "b", 0: "c", 1: "a"}.get(first, "d")
+
+
+@question(explain=N_("at position 0 the angle is 0, so RoPE turns nothing, and position 0 reads only its own key: "
+                     "its query and key hold the reference's numbers in another order, q·k is the same sum, and its "
+                     "logits agree. From position 1 on, a query also reads keys of other positions, and the turn "
+                     "by their distance acts on rows that were never trained as a pair (the file pairs rows 2j and "
+                     "2j + 1; rotate-half turns row j with row j + 32): those scores differ, and everything after "
+                     "them. A test on a one-token prompt passes with this bug."),
           hints=[known_wrong({
-              "a": N_("Korean has fewer characters per word, but each syllable is 3 UTF-8 bytes that few merges cover"),
-              "b": N_("the model reads every token the same way; the count is fixed by the tokenizer"),
+              "b": N_("reordering W_Q's and W_K's rows alike leaves q·k unchanged only without RoPE: the rotation "
+                      "pairs features by their row, so the order decides which two features turn together"),
+              "c": N_("at position 0 the angle is 0: nothing is turned, and position 0 reads only its own key"),
+              "d": N_("at distance 1 the fastest pair already turns by 1 radian (distance · base^(−2j/d) with "
+                      "j = 0): no small angle"),
           })])
-def korean_tokens() -> str:
-    """Korean text takes more SmolLM2 tokens per character than English. Why? (a) Korean words are shorter;
-    (b) the model reads Korean more slowly; (c) the merges were learned mostly from English and a Hangul
-    syllable is 3 UTF-8 bytes."""
-    return "c"
+def unpermuted_positions() -> str:
+    """Multiple choice: which positions' logits agree with the reference's (1e-4) on a prompt of 6 tokens when
+    W_Q and W_K reach a rotate-half model in the file's neighbour-pair order. (a) only the first; (b) all six;
+    (c) none; (d) the first few."""
+    return agreement_letter(unpermuted_agreement())
+
+
+def q4_1_zero_block() -> torch.Tensor:
+    """One block of 32 weights: the smallest −0.3, the largest 0.9, the other 30 exactly 0."""
+    return torch.tensor([[-0.3, 0.9] + [0.0] * 30])
+
+
+@question(explain=N_("Q4_1's levels are m + d·q: with m = −0.3 and d = 1.2/15 = 0.08, 0 lies at q = 0.3/0.08 = 3.75, "
+                     "between two levels; the nearest is q = 4, so every 0 comes back as −0.3 + 4·0.08 = 0.020 "
+                     "(float16's rounding of d and m moves only the fifth decimal). Q8_0's levels d·q always "
+                     "include 0: there a zero stays zero."), atol=1e-3,
+          hints=[near_wrong({
+              0.0: N_("Q4_1's levels are m, m + d, …, m + 15d: 0 is one of them only when −m is a whole multiple of "
+                      "d, and 0.3/0.08 = 3.75"),
+              -0.06: N_("take the nearest level: 3.75 is nearer 4 than 3"),
+          }, atol=1e-3)])
+def q4_1_zero() -> float:
+    """A block whose smallest weight is −0.3, largest 0.9 and other 30 weights 0, through Q4_1 and back: what each
+    0 becomes."""
+    return float(quantize.roundtrip(q4_1_zero_block(), "Q4_1")[0, 2])
 
 
 # ------------------------------------------------------------------ experiment
