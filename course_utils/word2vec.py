@@ -112,6 +112,19 @@ def skipgram_pairs(ids: torch.Tensor, sentence: torch.Tensor, window: int,
     return torch.cat(centres), torch.cat(contexts)
 
 
+def epoch_pairs(ids: torch.Tensor, sentence: torch.Tensor, keep: torch.Tensor, window: int,
+                gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """One epoch's shuffled (centre, context) pairs: subsample the tokens, pair them, shuffle the pairs.
+
+    ids and sentence (N,) as ``encode_sentences`` gives them, keep (V,) from ``keep_probabilities``.
+    """
+    kept = torch.rand(ids.shape, generator=gen, dtype=torch.float64) < keep[ids]
+    centre, context = skipgram_pairs(ids[kept], sentence[kept], window, gen)
+    # int32: the same permutation as int64 (the same draws), faster to shuffle and to index with
+    order = torch.randperm(centre.numel(), generator=gen, dtype=torch.int32)
+    return centre.index_select(0, order), context.index_select(0, order)
+
+
 # --- the model -------------------------------------------------------------------------------
 
 def sgns_loss(v_centre: torch.Tensor, u_context: torch.Tensor, u_noise: torch.Tensor) -> torch.Tensor:
@@ -130,13 +143,27 @@ def sgns_loss(v_centre: torch.Tensor, u_context: torch.Tensor, u_noise: torch.Te
 class SkipGram(nn.Module):
     """Two V×D tables: ``in_embed`` (the word vectors) and ``out_embed`` (used only in training).
 
-    Initialised like gensim: input vectors uniform in [-1/D, 1/D), output vectors zero.
+    Initialised like gensim: input vectors uniform in [-1/D, 1/D), output vectors zero. Both live
+    in one (2, V, D) parameter, ``tables``, so that ``sgd_step`` reads the rows of both with one
+    call and adds their changes back with one more; ``in_embed`` and ``out_embed`` are its halves.
     """
 
     def __init__(self, vocab_size: int, dim: int, gen: torch.Generator | None = None):
         super().__init__()
-        self.in_embed = nn.Parameter((torch.rand(vocab_size, dim, generator=gen) * 2 - 1) / dim)
-        self.out_embed = nn.Parameter(torch.zeros(vocab_size, dim))
+        tables = torch.zeros(2, vocab_size, dim)
+        tables[0] = (torch.rand(vocab_size, dim, generator=gen) * 2 - 1) / dim
+        self.tables = nn.Parameter(tables)
+        self._work: _Workspace | None = None  # sgd_step's blocks, kept between steps
+
+    @property
+    def in_embed(self) -> torch.Tensor:
+        """(V, D) the centre words' vectors v, the ones we keep (a view of ``tables``)."""
+        return self.tables[0]
+
+    @property
+    def out_embed(self) -> torch.Tensor:
+        """(V, D) the context words' vectors u (a view of ``tables``)."""
+        return self.tables[1]
 
     def forward(self, centre: torch.Tensor, context: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """Per-pair loss for ids centre (B,), context (B,), noise (B, K) -> (B,)."""
@@ -151,24 +178,56 @@ class SkipGram(nn.Module):
         by ``p -= lr * p.grad`` (the tests check this), several times faster: rows are read with
         ``index_select`` and their changes added back with ``index_add_`` (repeated ids add up).
         The step is bound by memory traffic, not arithmetic: it moves (B, 1+K, D) blocks, so it
-        makes as few of them as it can (the rows' update is written over ``u`` once ``u`` is
-        used up) and as few calls as it can (each costs microseconds of Python).
+        makes as few passes over them as it can (the scores come from one ``bmm``, not a product
+        and a sum; the rows' changes are written over the rows once they are used up) and as few
+        calls as it can (both tables' rows in one read and one write), into blocks it keeps from
+        step to step (a fresh block costs page faults every step).
         Returns the mean loss of the batch before the step.
         """
-        D = self.in_embed.shape[1]
-        targets = torch.cat([context[:, None], noise], dim=1)  # (B, 1+K): the context word first
-        labels = torch.zeros(targets.shape[1])
-        labels[0] = 1.0  # 1 for the context word, 0 for the noise words
-        v = self.in_embed.index_select(0, centre)  # (B, D)
-        u = self.out_embed.index_select(0, targets.view(-1)).view(*targets.shape, D)  # (B, 1+K, D)
-        scores = (u * v[:, None, :]).sum(-1)  # (B, 1+K): u_o · v_c, then u_k · v_c
-        loss = -F.logsigmoid(scores * (2 * labels - 1)).sum(-1).mean()  # sgns_loss, from the scores
-        step = torch.sigmoid(scores).sub_(labels).mul_(-lr)  # -lr · dloss/dscore = -lr · (σ(s) - label)
-        delta_v = torch.bmm(step[:, None, :], u).squeeze(1)  # (B, D): -lr · Σ_k g_k u_k
-        delta_u = torch.mul(step[..., None], v[:, None, :], out=u)  # (B, 1+K, D): -lr · g_k v_c
-        self.out_embed.index_add_(0, targets.view(-1), delta_u.view(-1, D))
-        self.in_embed.index_add_(0, centre, delta_v)
-        return float(loss)
+        return self._sgd_step(centre, context, noise, lr)
+
+    def _sgd_step(self, centre: torch.Tensor, context: torch.Tensor, noise: torch.Tensor, lr: float) -> float:
+        """``sgd_step`` for a caller already under ``torch.no_grad()`` (the training loop: one context per epoch)."""
+        (B, K), (_, V, D) = noise.shape, self.tables.shape
+        work = self._workspace(B, K + 1)
+        rows = work.rows  # row numbers in the (2V, D) stack of both tables: B centre rows, then B·(1+K) others
+        rows[:B] = centre
+        targets = rows[B:].view(B, K + 1)
+        targets[:, 0] = context  # the context word first, then the noise words
+        targets[:, 1:] = noise
+        targets += V  # out_embed's rows come after in_embed's
+        both = torch.index_select(self.tables.view(2 * V, D), 0, rows, out=work.block)
+        v, u = both[:B], both[B:].view(B, K + 1, D)  # (B, D) and (B, 1+K, D)
+        scores = torch.bmm(v[:, None, :], u.mT, out=work.scores).squeeze(1)  # (B, 1+K): u_o · v_c, u_k · v_c
+        loss = F.binary_cross_entropy_with_logits(scores, work.labels.expand(B, K + 1), reduction="sum")  # sgns_loss
+        step = torch.sigmoid(scores).sub_(work.labels).mul_(-lr)  # -lr · dloss/dscore = -lr · (σ(s) - label)
+        delta_v = torch.bmm(step[:, None, :], u, out=work.delta_v)  # (B, 1, D): -lr · Σ_k g_k u_k
+        torch.mul(step[..., None], v[:, None, :], out=u)  # u's rows now hold their change, -lr · g_k v_c
+        v.copy_(delta_v.squeeze(1))  # and v's rows theirs
+        self.tables.view(2 * V, D).index_add_(0, rows, both)
+        return float(loss) / B
+
+    def _workspace(self, B: int, K1: int) -> _Workspace:
+        """The blocks ``sgd_step`` writes into for batches of B pairs with K1 - 1 noise words each."""
+        like = self.tables
+        key = (B, K1, like.shape[-1], like.device, like.dtype)
+        if self._work is None or self._work.key != key:
+            self._work = _Workspace(key, B, K1, like)
+        return self._work
+
+
+class _Workspace:
+    """Blocks reused by every ``sgd_step`` of one batch shape (its last, shorter batch makes new ones)."""
+
+    def __init__(self, key: tuple, B: int, K1: int, like: torch.Tensor):
+        D, device = like.shape[-1], like.device
+        self.key = key
+        self.rows = torch.empty(B + B * K1, dtype=torch.long, device=device)  # int64: index_add_ is slow with int32
+        self.block = torch.empty(B + B * K1, D, dtype=like.dtype, device=device)
+        self.scores = torch.empty(B, 1, K1, dtype=like.dtype, device=device)
+        self.delta_v = torch.empty(B, 1, D, dtype=like.dtype, device=device)
+        self.labels = torch.zeros(K1, dtype=like.dtype, device=device)
+        self.labels[0] = 1.0  # 1 for the context word, 0 for the noise words
 
 
 # --- word vectors ----------------------------------------------------------------------------
@@ -289,10 +348,8 @@ def _train_sgns(sentences: Sequence[Sequence[str]], config: Word2VecConfig, log_
     start = time.perf_counter()
     bar = tqdm(total=config.epochs, desc="word2vec", unit="epoch", disable=not progress)
     for _ in range(config.epochs):
-        kept = torch.rand(ids.shape, generator=gen, dtype=torch.float64) < keep[ids]
-        centre, context = skipgram_pairs(ids[kept], sid[kept], config.window, gen)
-        order = torch.randperm(centre.numel(), generator=gen)  # index_select: ~2x faster than centre[order]
-        run.epoch(centre.index_select(0, order).to(device), context.index_select(0, order).to(device))
+        centre, context = epoch_pairs(ids, sid, keep, config.window, gen)
+        run.epoch(centre.to(device), context.to(device))
         bar.set_postfix(loss=f"{run.losses[-1]:.3f}" if run.losses else "")
         bar.update(1)
     bar.close()
@@ -321,11 +378,16 @@ class _Run:
         c = self.config
         self.pairs_per_epoch.append(centre.numel())
         self.expected = self.expected or max(1, centre.numel() * c.epochs)
+        with torch.no_grad():
+            self._batches(centre, context)
+
+    def _batches(self, centre: torch.Tensor, context: torch.Tensor) -> None:
+        c = self.config
         for s in range(0, centre.numel(), c.batch_size):
             centre_b, context_b = centre[s:s + c.batch_size], context[s:s + c.batch_size]
             noise = self.noise.sample((centre_b.numel(), c.negatives), self.gen).to(centre.device)
             lr = max(c.min_lr, c.lr - (c.lr - c.min_lr) * self.done / self.expected)
-            self._window.append(self.model.sgd_step(centre_b, context_b, noise, lr))
+            self._window.append(self.model._sgd_step(centre_b, context_b, noise, lr))
             self.done += centre_b.numel()
             if len(self._window) == self.log_every:
                 self.losses.append(sum(self._window) / len(self._window))

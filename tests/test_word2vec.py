@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from course_utils import tokenizer
 from course_utils import word2vec as w2v
@@ -117,6 +118,52 @@ def test_sgd_step_equals_autograd_sgd():
     assert reported == pytest.approx(loss_before, rel=1e-5)
     assert torch.allclose(manual.in_embed, auto.in_embed, atol=1e-6)
     assert torch.allclose(manual.out_embed, auto.out_embed, atol=1e-6)
+
+
+def _elementwise_sgd_step(model, centre, context, noise, lr):
+    """The SGD step written plainly: fresh tensors, scores as a product and a sum (the step before its bmm)."""
+    with torch.no_grad():
+        targets = torch.cat([context[:, None], noise], dim=1)
+        labels = torch.zeros(targets.shape[1])
+        labels[0] = 1.0
+        v, u = model.in_embed[centre], model.out_embed[targets]
+        scores = (u * v[:, None, :]).sum(-1)
+        loss = -F.logsigmoid(scores * (2 * labels - 1)).sum(-1).mean()
+        g = torch.sigmoid(scores) - labels
+        delta_v = -lr * (g[..., None] * u).sum(1)
+        delta_u = -lr * g[..., None] * v[:, None, :]
+        model.out_embed.index_add_(0, targets.reshape(-1), delta_u.reshape(-1, u.shape[-1]))
+        model.in_embed.index_add_(0, centre, delta_v)
+    return float(loss)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.long, torch.int32])
+def test_sgd_step_matches_the_elementwise_step_over_batches_of_changing_shape(index_dtype):
+    # sgd_step keeps its blocks between steps; a shorter batch, other K or other dtype must not reuse stale ones
+    gen = torch.Generator().manual_seed(5)
+    fast = w2v.SkipGram(50, 16, gen)
+    fast.out_embed.data.normal_(std=0.3, generator=gen)
+    plain = w2v.SkipGram(50, 16)
+    plain.load_state_dict(fast.state_dict())
+    for B, K in [(64, 5), (64, 5), (17, 5), (64, 5), (64, 2), (1, 3)]:
+        centre, context = torch.randint(0, 50, (2, B), generator=gen, dtype=index_dtype)
+        noise = torch.randint(0, 50, (B, K), generator=gen, dtype=index_dtype)
+        got = fast.sgd_step(centre, context, noise, lr=0.05)
+        want = _elementwise_sgd_step(plain, centre.long(), context.long(), noise.long(), lr=0.05)
+        assert got == pytest.approx(want, rel=1e-5)
+        torch.testing.assert_close(fast.in_embed, plain.in_embed, rtol=0, atol=1e-6)
+        torch.testing.assert_close(fast.out_embed, plain.out_embed, rtol=0, atol=1e-6)
+
+
+def test_sgd_step_writes_into_the_same_blocks_while_the_batch_shape_stays():
+    model = w2v.SkipGram(40, 8, torch.Generator().manual_seed(0))
+    ids = torch.randint(0, 40, (3, 32), generator=torch.Generator().manual_seed(1))
+    model.sgd_step(ids[0], ids[1], ids[2].view(32, 1).repeat(1, 5), lr=0.1)
+    first = model._work
+    model.sgd_step(ids[1], ids[2], ids[0].view(32, 1).repeat(1, 5), lr=0.1)
+    assert model._work is first
+    model.sgd_step(ids[1, :7], ids[2, :7], ids[0, :7].view(7, 1).repeat(1, 5), lr=0.1)
+    assert model._work is not first and model._work.block.shape == (7 + 7 * 6, 8)
 
 
 def _toy_vectors():
