@@ -103,6 +103,18 @@ class GPT(nn.Module):
         ``targets`` (B, T) are the next tokens; the loss is their mean cross-entropy (targets equal
         to -100 are ignored). With ``kv_cache`` the T new tokens continue the cached positions.
         """
+        logits = self.unembed(self.hidden(idx, kv_cache))
+        if targets is None:
+            return logits, None
+        if targets.shape != idx.shape:
+            raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, got {tuple(targets.shape)}")
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return logits, loss
+
+    def hidden(self, idx: torch.Tensor, kv_cache: ModelKVCache | None = None) -> torch.Tensor:
+        """idx (B, T) token ids -> (B, T, D) the last block's output after the final norm: what the
+        unembedding reads. ``forward`` is ``unembed(hidden(idx))``; a loss that needs the logits of a
+        few positions only (an answer's, in supervised fine-tuning) unembeds just those."""
         offset = 0 if kv_cache is None else len(kv_cache)
         self._check_idx(idx, offset)
         x = self.token_embedding(idx)  # (B, T, D)
@@ -112,15 +124,11 @@ class GPT(nn.Module):
         rope = self._rope(offset, idx.shape[1], x)
         for i, block in enumerate(self.blocks):
             x = block(x, causal=True, kv_cache=None if kv_cache is None else kv_cache[i], rope=rope)
-        x = self.final_norm(x)
-        # (B, T, V): tied to W_emb, or the model's own lm_head
-        logits = F.linear(x, self.token_embedding.weight) if self.lm_head is None else self.lm_head(x)
-        if targets is None:
-            return logits, None
-        if targets.shape != idx.shape:
-            raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, got {tuple(targets.shape)}")
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-        return logits, loss
+        return self.final_norm(x)
+
+    def unembed(self, h: torch.Tensor) -> torch.Tensor:
+        """h (..., D) final-normed states -> (..., V) logits: tied to W_emb, or the model's own lm_head."""
+        return F.linear(h, self.token_embedding.weight) if self.lm_head is None else self.lm_head(h)
 
     def _rope(self, offset: int, T: int, x: torch.Tensor) -> RopeTable | None:
         """RoPE's cos/sin table of the T positions from ``offset``, computed once for every block

@@ -37,3 +37,25 @@ def test_masked_loss_equals_the_mean_over_answer_tokens():
     torch.testing.assert_close(sft.masked_loss(changed, y, mask), sft.masked_loss(logits, y, mask))
     with pytest.raises(ValueError, match="selects no position"):
         sft.masked_loss(logits, y, torch.zeros_like(mask))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_answer_loss_equals_masked_loss_on_the_full_logits(tied):
+    from course_utils.gpt import GPT, GPTConfig
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50, max_len=16, n_layers=2, n_heads=2, d_model=32, tie_embeddings=tied)).double()
+    examples = [sft.masked_example([1, 2, 3, 4, 5], [6, 7]), sft.masked_example([1, 2], [8, 9, 10, 11])]
+    x, y, mask = sft.collate(examples, pad_id=0)
+    full = sft.masked_loss(model(x)[0], y, mask)
+    full_grads = torch.autograd.grad(full, list(model.parameters()), allow_unused=True)
+    cheap = sft.answer_loss(model, x, y, mask)
+    cheap_grads = torch.autograd.grad(cheap, list(model.parameters()), allow_unused=True)
+    torch.testing.assert_close(cheap, full.float(), rtol=1e-6, atol=1e-7)
+    for a, b in zip(cheap_grads, full_grads, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-9)
+    with pytest.raises(ValueError, match="selects no position"):
+        sft.answer_loss(model, x, y, torch.zeros_like(mask))
+    with pytest.raises(TypeError, match="needs a course GPT"):
+        sft.answer_loss(torch.nn.Linear(2, 2), x, y, mask)
