@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+
+from course_utils.gpt import GPT
 
 
 def masked_example(prompt_ids: Sequence[int], answer_ids: Sequence[int]) -> tuple[list[int], list[bool]]:
@@ -49,13 +50,13 @@ def masked_loss(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor)
     return F.cross_entropy(logits[mask].float(), targets[mask])
 
 
-def answer_loss(model: nn.Module, x: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def answer_loss(model: GPT, x: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``masked_loss(model(x)[0], targets, mask)`` for a course GPT, with logits made only where ``mask``
     (B, T) is True: the unembedding is a (D → V) product per position, and with a large vocabulary and a
     long prompt most of them would be thrown away (SmolLM2: V = 49,152; 12 of 38 positions in lesson 13)."""
     if not mask.any():
         raise ValueError("the mask selects no position; every example needs at least one answer token")
-    if not (hasattr(model, "hidden") and hasattr(model, "unembed")):
+    if not isinstance(model, GPT):
         raise TypeError(f"answer_loss needs a course GPT (hidden and unembed), got {type(model).__name__}; "
                         "for another model use masked_loss(model(x)[0], targets, mask)")
     return F.cross_entropy(model.unembed(model.hidden(x)[mask]).float(), targets[mask])

@@ -46,8 +46,8 @@ from course_utils.sino_korean import TARGET_CHARS, read_number, read_number_form
 TEACHES = {
     "lora_injection": ("course_utils.lora.LoRALinear", "course_utils.lora.lora_layers",
                        "course_utils.lora.linear_names", "course_utils.lora.merge_lora"),
-    "sft_training": ("course_utils.sft.masked_loss", "course_utils.sft.collate", "course_utils.sft.masked_example",
-                     "course_utils.train.train", "course_utils.train.train_step"),
+    "sft_training": ("course_utils.sft.masked_loss", "course_utils.sft.answer_loss", "course_utils.sft.collate",
+                     "course_utils.sft.masked_example", "course_utils.train.train", "course_utils.train.train_step"),
     "dpo_training": ("course_utils.dpo.dpo_loss", "course_utils.dpo.sequence_logprobs",
                      "course_utils.dpo.dpo_loss_as_classification", "course_utils.sft.collate",
                      "course_utils.sft.masked_example", "course_utils.train.train", "course_utils.train.train_step"),
