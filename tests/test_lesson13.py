@@ -211,13 +211,111 @@ def test_loops_with_the_padding_or_the_prompt_in_the_loss_fail_though_they_learn
         assert not ok and hint in detail, (name, detail)
 
 
-def test_the_dpo_verdict_needs_the_preference_learned(ns):
-    case = L._dpo_cases(torch.Generator().manual_seed(0))[0]
+def _dpo_printout(case, written: str = "exercise") -> tuple[torch.Tensor, torch.Tensor]:
+    """Falling losses and an optimiser trace whose first step is the one a loop with its loss ``written`` so
+    (``L.DPO_FIRST_STEP``) reports on the case's first batch."""
     reference_state, settings = case.args
     steps = settings["steps"]
-    flat = torch.full((steps,), math.log(2), dtype=torch.float64)  # a reference that moved with the policy
-    ok, detail = L._dpo_verdict(case, ((reference_state, flat), _trace(steps)), None)
+    loss, norm = L.dpo_first_step(reference_state, settings)[written]
+    losses = torch.tensor([loss * (1 - 0.9 * k / steps) for k in range(steps)], dtype=torch.float64)
+    trace = torch.tensor([[1e-3, norm]] + [[1e-3, 0.5]] * (steps - 1), dtype=torch.float64)
+    return losses, trace
+
+
+def _dpo_judged(case, dpo_trained) -> tuple[bool, str]:
+    with checks.optimizer_trace() as steps:
+        value = dpo_trained(*case.args)
+    ok, detail = L._dpo_verdict(case, (value, checks.trace_tensor(steps)), None)
+    return ok, say(detail)
+
+
+@pytest.fixture(scope="module")
+def dpo_case_and_state(ns):
+    """A case of the grader and the weights the solution's loop returns for it."""
+    case = L._dpo_cases(torch.Generator().manual_seed(0))[0]
+    return case, ns["dpo_trained"](*case.args)[0]
+
+
+def test_the_dpo_verdict_needs_the_preference_learned(ns, dpo_case_and_state):
+    case, state = dpo_case_and_state
+    reference_state, settings = case.args
+    steps = settings["steps"]
+    _losses, trace = _dpo_printout(case)
+    flat = torch.full((steps,), math.log(2), dtype=torch.float64)  # a printout that claims nothing moved
+    ok, detail = L._dpo_verdict(case, ((reference_state, flat), trace), None)
     assert not ok and "below" in say(detail)
-    state, losses = ns["dpo_trained"](reference_state, dict(settings, seed=0))
-    ok, detail = L._dpo_verdict(case, ((state, losses), _trace(steps)), None)
-    assert ok, say(detail)
+    ok, detail = _dpo_judged(case, ns["dpo_trained"])
+    assert ok, detail
+
+
+def test_the_dpo_verdict_names_how_the_first_step_was_written(dpo_case_and_state):
+    """Weights that prefer the formal reading do not pass when the loop's first step was another loss."""
+    case, state = dpo_case_and_state
+    for written, hint in L.DPO_FIRST_STEP.items():
+        losses, trace = _dpo_printout(case, written)
+        ok, detail = L._dpo_verdict(case, ((state, losses), trace), None)
+        if hint is None:
+            assert ok, (written, say(detail))
+        else:
+            assert not ok and say(hint) in say(detail) and "first step" in say(detail), (written, say(detail))
+    losses, trace = _dpo_printout(case)
+    trace[0, 1] *= 1.01  # the right loss with another gradient: another batch
+    ok, detail = L._dpo_verdict(case, ((state, losses), trace), None)
+    assert not ok and "torch.randint" in say(detail), say(detail)
+    losses[0] = 0.5  # a policy that does not start as the reference
+    ok, detail = L._dpo_verdict(case, ((state, losses), trace), None)
+    assert not ok and "should be ln 2" in say(detail), say(detail)
+
+
+# the solution's loss line, and the ways a learner writes another loss
+DPO_LOSS = ('        loss = dpo_loss(logps(policy, chosen), logps(policy, rejected), ref_chosen, ref_rejected, '
+            'settings["beta"])\n')
+_POLICY = "        pc, pr = logps(policy, chosen), logps(policy, rejected)\n"
+_MARGIN = "((pc - ref_chosen) - (pr - ref_rejected))"
+DPO_WRONG = {
+    "beta left out": (_POLICY + f"        loss = -F.logsigmoid({_MARGIN}).mean()\n", "β is left out"),
+    "mean over tokens": ("        n_c, n_r = chosen[2].sum(-1), rejected[2].sum(-1)\n"
+                         "        loss = dpo_loss(logps(policy, chosen) / n_c, logps(policy, rejected) / n_r, "
+                         'ref_chosen / n_c, ref_rejected / n_r, settings["beta"])\n',
+                         "mean token log-probabilities"),
+    "beta outside": (_POLICY + f"        loss = -settings['beta'] * F.logsigmoid({_MARGIN}).mean()\n",
+                     "β multiplies the loss"),
+    "sum over pairs": (_POLICY + f"        loss = -F.logsigmoid(settings['beta'] * {_MARGIN}).sum()\n",
+                       "a sum over the pairs"),
+    "reference = the policy": ("        ref_chosen, ref_rejected = logps(policy, chosen), logps(policy, rejected)\n"
+                               + DPO_LOSS, "the gradient is zero"),
+}
+
+
+def _dpo_loop(ns: dict, loss_line: str = DPO_LOSS):
+    """The solution's dpo_trained, its train_dpo's loss line replaced, in a namespace of its own."""
+    mine = dict(ns)
+    cells = nbformat.read(ROOT / "solutions" / "13_adapting.ipynb", as_version=4).cells
+    cell = next(c for c in cells if (c.metadata.get("nbgrader") or {}).get("grade_id") == "dpo_training")
+    assert DPO_LOSS in cell.source
+    exec(cell.source.replace(DPO_LOSS, loss_line), mine)
+    exec(next(c.source for c in cells if c.source.startswith("# Given") and "def dpo_trained" in c.source), mine)
+    return mine["dpo_trained"]
+
+
+def test_real_dpo_loops_first_steps_are_told_apart(ns):
+    """Three steps of the solution's loop and of each wrong one: the grader's first step equals the loop's."""
+    case = L._dpo_cases(torch.Generator().manual_seed(8))[1]
+    short = checks.Case(case.label, (case.args[0], dict(case.args[1], steps=3)))
+    ok, detail = _dpo_judged(short, _dpo_loop(ns))
+    assert "first step" not in detail, detail
+    for name, (line, hint) in DPO_WRONG.items():
+        ok, detail = _dpo_judged(short, _dpo_loop(ns, line))
+        assert not ok and hint in detail and "first step" in detail, (name, detail)
+
+
+def test_dpo_loops_without_beta_or_with_mean_token_logprobs_fail_though_they_learn_the_preference(ns):
+    """The full run (a few seconds a loop): both loops prefer the formal reading on the held-out pairs as the
+    solution's does, and passed this check before the first step was judged."""
+    case = L._dpo_cases(torch.Generator().manual_seed(0))[1]
+    ok, detail = _dpo_judged(case, _dpo_loop(ns))
+    assert ok, detail
+    for name in ("beta left out", "mean over tokens"):
+        line, hint = DPO_WRONG[name]
+        ok, detail = _dpo_judged(case, _dpo_loop(ns, line))
+        assert not ok and hint in detail and "prefers the formal reading" not in detail, (name, detail)

@@ -596,12 +596,87 @@ def _dpo_cases(gen: torch.Generator) -> list[Case]:
             for seed in (int(s) for s in torch.randint(1000, (2,), generator=gen))]
 
 
+# The first DPO step is fixed too: the policy is the reference, so the right loss is ln 2 and its gradient that of
+# β/2·(log π(chosen) − log π(rejected)) on the first batch the exercise's sampling rule draws. The weights alone do
+# not tell β left out, or the tokens' mean log-probability in place of their sum, from the exercise (both reached
+# 98.7-100% preference on the seeds tried, and passed); the gradient norm does. Over all 1,000 seeds a case can
+# draw, the solution's loop (one thread) gave the grader's loss and norm exactly; the nearest mistake is the tokens'
+# mean, whose norm is 0.13-0.19 of the right one (at least 813 norm tolerances away); β left out is 10 times it,
+# the sum over pairs 32 times, β outside the sigmoid has the right norm but a loss 0.624 away, and a reference
+# that moves with the policy gives a zero gradient. The tolerances are exercise 8's.
+DPO_FIRST_STEP = {  # the loss written as -> the hint when the learner's first step matches it
+    "exercise": None,
+    "beta left out": N_("β is left out: the loss is −log σ(β·margin), with β = settings[\"beta\"] inside the "
+                        "sigmoid"),
+    "beta outside": N_("β multiplies the loss instead of the margin: −log σ(β·margin), with β inside the sigmoid"),
+    "sum over pairs": N_("that is a sum over the pairs: the loss is their mean, so that the step size does not grow "
+                         "with the batch"),
+    "mean over tokens": N_("those are the answers' mean token log-probabilities: a sequence's log-probability is "
+                           "the sum over its answer tokens (your sequence_logprobs)"),
+    "reference moves": N_("the gradient is zero: the reference's log-probabilities moved with the policy's; compute "
+                          "them with the frozen reference, under torch.no_grad()"),
+}
+
+
+def dpo_first_step(reference_state: dict, settings: dict) -> dict[str, tuple[float, float]]:
+    """{loss written as: (loss, global gradient norm)} of a DPO loop's first step: the policy a copy of
+    ``reference_state``, the first batch the exercise's rule draws (``settings["batch_size"]`` numbers of
+    FORMAL_TRAIN by a generator seeded with ``settings["seed"]``), for each way in ``DPO_FIRST_STEP``."""
+    train = formal_numbers()[0]
+    picks = torch.randint(len(train), (settings["batch_size"],), generator=torch.Generator().manual_seed(
+        settings["seed"])).tolist()
+    numbers = [train[i] for i in picks]
+    chosen = sft_batch([[str(n), read_number_formal(n)] for n in numbers], PAD_ID)
+    rejected = sft_batch([[str(n), read_number(n)] for n in numbers], PAD_ID)
+    policy = chat_model(reference_state).train()
+    params = [p for p in policy.parameters() if p.requires_grad]
+    beta, out = settings["beta"], {}
+    with torch_threads(1):
+        pc, pr = (dpo.sequence_logprobs(policy(x)[0], y, mask) for x, y, mask in (chosen, rejected))
+        rc, rr = pc.detach(), pr.detach()
+        tokens_c, tokens_r = chosen[2].sum(-1), rejected[2].sum(-1)
+        losses = {"exercise": dpo.dpo_loss(pc, pr, rc, rr, beta),
+                  "beta left out": -F.logsigmoid((pc - rc) - (pr - rr)).mean(),
+                  "beta outside": -beta * F.logsigmoid((pc - rc) - (pr - rr)).mean(),
+                  "sum over pairs": -F.logsigmoid(beta * ((pc - rc) - (pr - rr))).sum(),
+                  "mean over tokens": dpo.dpo_loss(pc / tokens_c, pr / tokens_r, rc / tokens_c, rr / tokens_r, beta),
+                  "reference moves": dpo.dpo_loss(pc, pr, pc, pr, beta)}
+        for name, loss in losses.items():
+            grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+            norm = math.sqrt(sum(float(g.double().square().sum()) for g in grads if g is not None))
+            out[name] = (float(loss.detach()), norm)
+    return out
+
+
+def _dpo_first_step_problem(reference_state: dict, settings: dict, losses: list[float], trace: torch.Tensor) \
+        -> str | None:
+    """None when the loop's first step is the exercise's DPO loss on the first batch, else why not (a hint)."""
+    got = (losses[0], float(trace[0, 1]))
+
+    def matches(expected: tuple[float, float]) -> bool:
+        return abs(got[0] - expected[0]) <= FIRST_STEP_LOSS_TOL and \
+            abs(got[1] - expected[1]) <= FIRST_STEP_NORM_TOL * expected[1] + 1e-6  # 1e-6: the zero norm
+    expected = dpo_first_step(reference_state, settings)
+    for name, hint in DPO_FIRST_STEP.items():
+        if matches(expected[name]):
+            return None if hint is None else _(hint)
+    if abs(got[0] - math.log(2)) > FIRST_STEP_LOSS_TOL:
+        return _("your first loss is {loss:.4f}; it should be ln 2 = 0.6931, since the policy starts as a copy of the "
+                 "reference: compare log-probabilities against the frozen reference, −log σ(β·margin)", loss=got[0])
+    return _("your first step's loss and gradient are not those of the DPO loss on the first batch: draw the numbers "
+             "of FORMAL_TRAIN with torch.randint and the generator seeded with settings[\"seed\"], score both "
+             "batches with your sequence_logprobs, and take your dpo_loss against the frozen reference")
+
+
 def _dpo_verdict(case: Case, got: Any, expected: Any) -> tuple[bool, str]:
     reference_state, settings = case.args
     state, losses, trace = _trained_state(got)
     wrong = _loop_problem(state, losses, trace, settings["steps"])
     if wrong:
         return False, wrong
+    wrong = _dpo_first_step_problem(reference_state, settings, losses, trace)
+    if wrong:
+        return False, _("{wrong} (judged on your first step, where the policy is still the reference)", wrong=wrong)
     try:
         policy = chat_model(state)
     except (RuntimeError, ValueError, TypeError):
@@ -616,10 +691,6 @@ def _dpo_verdict(case: Case, got: Any, expected: Any) -> tuple[bool, str]:
              "π(rejected) {dr:+.2f} against the reference, held-out DPO loss {loss:.3f}",
              first=first, last=last, n=len(held), prefers=r["policy_prefers_chosen"],
              before=r["reference_prefers_chosen"], dc=r["chosen_logratio"], dr=r["rejected_logratio"], loss=r["loss"])
-    if abs(losses[0] - math.log(2)) > 0.02:
-        return False, _("{said} — the first step's loss should be ln 2 = 0.693, since the policy starts as a "
-                        "copy of the reference: compare log-probabilities against the frozen reference, "
-                        "−log σ(β·margin)", said=said)
     if r["policy_prefers_chosen"] < DPO_PREFERS or not last < first:
         return False, _("{said} — below {need:.0%}: is the margin the chosen log-ratio minus the rejected one, "
                         "with the reference frozen and β inside the sigmoid?", said=said, need=DPO_PREFERS)
