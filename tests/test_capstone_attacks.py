@@ -225,7 +225,9 @@ SAMPLERS = {
 }
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+# seed 646: scaling the final norm does not separate its first draw of a distribution case (1 draw in 8,001
+# over seeds 0-3999); the case draws new weights instead of raising, as it did once in CI
+@pytest.mark.parametrize("seed", [0, 1, 646])
 def test_a_correct_sampler_passes_the_distribution_cases(seed):
     assert checks.run("capstone_sampling", solution()["sampled"], seed=seed).status == checks.PASS
 
