@@ -179,7 +179,8 @@ class SkipGram(nn.Module):
         ``index_select`` and their changes added back with ``index_add_`` (repeated ids add up).
         The step is bound by memory traffic, not arithmetic: it moves (B, 1+K, D) blocks, so it
         makes as few passes over them as it can (the scores come from one ``bmm``, not a product
-        and a sum; the rows' changes are written over the rows once they are used up) and as few
+        and a sum; v's change is a weighted sum of table rows, ``embedding_bag``, so the block of
+        u is read once; the rows' changes are written over the rows once they are used up) and as few
         calls as it can (both tables' rows in one read and one write), into blocks it keeps from
         step to step (a fresh block costs page faults every step).
         Returns the mean loss of the batch before the step.
@@ -196,15 +197,17 @@ class SkipGram(nn.Module):
         targets[:, 0] = context  # the context word first, then the noise words
         targets[:, 1:] = noise
         targets += V  # out_embed's rows come after in_embed's
-        both = torch.index_select(self.tables.view(2 * V, D), 0, rows, out=work.block)
+        flat = self.tables.view(2 * V, D)
+        both = torch.index_select(flat, 0, rows, out=work.block)
         v, u = both[:B], both[B:].view(B, K + 1, D)  # (B, D) and (B, 1+K, D)
         scores = torch.bmm(v[:, None, :], u.mT, out=work.scores).squeeze(1)  # (B, 1+K): u_o · v_c, u_k · v_c
         loss = F.binary_cross_entropy_with_logits(scores, work.labels.expand(B, K + 1), reduction="sum")  # sgns_loss
         step = torch.sigmoid(scores).sub_(work.labels).mul_(-lr)  # -lr · dloss/dscore = -lr · (σ(s) - label)
-        delta_v = torch.bmm(step[:, None, :], u, out=work.delta_v)  # (B, 1, D): -lr · Σ_k g_k u_k
+        # (B, D): -lr · Σ_k g_k u_k, a weighted sum of table rows; read from the table, so u is read once
+        delta_v = F.embedding_bag(targets, flat, per_sample_weights=step, mode="sum")
         torch.mul(step[..., None], v[:, None, :], out=u)  # u's rows now hold their change, -lr · g_k v_c
-        v.copy_(delta_v.squeeze(1))  # and v's rows theirs
-        self.tables.view(2 * V, D).index_add_(0, rows, both)
+        v.copy_(delta_v)  # and v's rows theirs
+        flat.index_add_(0, rows, both)
         return float(loss) / B
 
     def _workspace(self, B: int, K1: int) -> _Workspace:
@@ -225,7 +228,6 @@ class _Workspace:
         self.rows = torch.empty(B + B * K1, dtype=torch.long, device=device)  # int64: index_add_ is slow with int32
         self.block = torch.empty(B + B * K1, D, dtype=like.dtype, device=device)
         self.scores = torch.empty(B, 1, K1, dtype=like.dtype, device=device)
-        self.delta_v = torch.empty(B, 1, D, dtype=like.dtype, device=device)
         self.labels = torch.zeros(K1, dtype=like.dtype, device=device)
         self.labels[0] = 1.0  # 1 for the context word, 0 for the noise words
 
