@@ -138,18 +138,25 @@ def test_the_sft_verdict_reads_the_weights_not_the_printout():
 def test_the_sft_verdict_names_what_the_first_step_scored():
     """Weights that read the numbers do not pass when the loop's first step scored the padding or the prompt."""
     case = L._sft_cases(torch.Generator().manual_seed(4))[1]
-    good = L.sft_reference_state()
-    for scored, hint in L.FIRST_STEP_LOSSES.items():
-        losses, trace = _printout(case, scored)
-        ok, detail = L._sft_verdict(case, ((good, losses), trace), None)
+    _assert_first_step_named(L._sft_verdict, case, L.sft_reference_state(), L.FIRST_STEP_LOSSES, _printout)
+
+
+def _assert_first_step_named(verdict, case, state, hints, printout):
+    """Every way of writing the first step in ``hints`` passes (hint None) or fails naming its hint and
+    the first step; the right loss with another gradient (another batch or model) fails naming
+    torch.randint. Returns that last printout's losses and trace."""
+    for way, hint in hints.items():
+        losses, trace = printout(case, way)
+        ok, detail = verdict(case, ((state, losses), trace), None)
         if hint is None:
-            assert ok, (scored, say(detail))
+            assert ok, (way, say(detail))
         else:
-            assert not ok and say(hint) in say(detail) and "first step" in say(detail), (scored, say(detail))
-    losses, trace = _printout(case)
-    trace[0, 1] *= 1.01  # the right loss with another gradient: another batch, or another model
-    ok, detail = L._sft_verdict(case, ((good, losses), trace), None)
+            assert not ok and say(hint) in say(detail) and "first step" in say(detail), (way, say(detail))
+    losses, trace = printout(case)
+    trace[0, 1] *= 1.01
+    ok, detail = verdict(case, ((state, losses), trace), None)
     assert not ok and "torch.randint" in say(detail), say(detail)
+    return losses, trace
 
 
 # the solution's loss line, and the ways a learner gets the positions wrong
@@ -251,17 +258,7 @@ def test_the_dpo_verdict_needs_the_preference_learned(ns, dpo_case_and_state):
 def test_the_dpo_verdict_names_how_the_first_step_was_written(dpo_case_and_state):
     """Weights that prefer the formal reading do not pass when the loop's first step was another loss."""
     case, state = dpo_case_and_state
-    for written, hint in L.DPO_FIRST_STEP.items():
-        losses, trace = _dpo_printout(case, written)
-        ok, detail = L._dpo_verdict(case, ((state, losses), trace), None)
-        if hint is None:
-            assert ok, (written, say(detail))
-        else:
-            assert not ok and say(hint) in say(detail) and "first step" in say(detail), (written, say(detail))
-    losses, trace = _dpo_printout(case)
-    trace[0, 1] *= 1.01  # the right loss with another gradient: another batch
-    ok, detail = L._dpo_verdict(case, ((state, losses), trace), None)
-    assert not ok and "torch.randint" in say(detail), say(detail)
+    losses, trace = _assert_first_step_named(L._dpo_verdict, case, state, L.DPO_FIRST_STEP, _dpo_printout)
     losses[0] = 0.5  # a policy that does not start as the reference
     ok, detail = L._dpo_verdict(case, ((state, losses), trace), None)
     assert not ok and "should be ln 2" in say(detail), say(detail)

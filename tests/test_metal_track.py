@@ -442,6 +442,17 @@ def test_the_schedule_reference_is_pytorchs_and_equals_the_capstone_formula():
         assert torch.allclose(torch_rates, torch.tensor([float(r) for r in formula], dtype=torch.float64))
 
 
+def test_every_schedule_case_checks_seven_distinct_steps():
+    # the report prints each case's shape, and a stored notebook compares it: a repeated step would print (6,)
+    for seed in range(200):
+        for case in L._schedule_cases(torch.Generator().manual_seed(seed)):
+            steps, _lr, warmup, at = case.args
+            fixed = {0, warmup // 2, warmup - 1, warmup, warmup + (steps - warmup) // 2, steps - 1}
+            drawn = set(at) - fixed
+            assert len(set(at)) == len(at) == 7 and at == sorted(at) and fixed < set(at), (seed, at)
+            assert len(drawn) == 1 and warmup < drawn.pop() < steps - 1, (seed, at)
+
+
 def test_the_solution_pieces_pass_every_metal_stage_under_the_guard():
     namespace = {"__name__": "__main__"}  # classes defined here count as the learner's (the kernel's __main__)
     exec("import math\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F", namespace)

@@ -1068,8 +1068,10 @@ def _schedule_cases(gen: torch.Generator) -> list[Case]:
         steps = warmup + int(torch.randint(40, 600, (1,), generator=gen))
         lr = float(torch.empty(1).uniform_(1e-3, 3e-2, generator=gen))
         middle = warmup + (steps - warmup) // 2
-        at = sorted({0, warmup // 2, warmup - 1, warmup, middle, steps - 1,
-                     int(torch.randint(warmup, steps, (1,), generator=gen))})
+        # one more step inside the cosine, never one of the others: every case checks seven distinct steps
+        others = [s for s in range(warmup + 1, steps - 1) if s != middle]
+        drawn = others[int(torch.randint(len(others), (1,), generator=gen))]
+        at = sorted([0, warmup // 2, warmup - 1, warmup, middle, steps - 1, drawn])
         label = N_("the rate at the warm-up's first and last steps, the cosine's first, middle and last, and one "
                    "step drawn at random")
         cases.append(Case(label, (steps, lr, warmup, at)))
