@@ -238,3 +238,17 @@ def test_adamw_state_shrinks_with_the_trained_parameters(tiny_gpt):
     n_tensors = sum(1 for _ in full.parameters())
     assert sizes["full"] == 8 * n_full + 4 * n_tensors
     assert sizes["lora"] == 8 * lora.trainable_parameters(adapted) + 4 * 2 * 6
+
+
+def test_adapting_only_the_top_block_keeps_the_blocks_below_out_of_the_backward_pass(tiny_gpt):
+    # lesson 13: with adapters on the top block alone, nothing below it needs a gradient, so autograd
+    # records no graph there and the backward pass stops at the lowest adapted block
+    model = tiny_gpt(n_layers=4)
+    lora.add_lora(model, "blocks.3.attn.W_Q", rank=2, alpha=4)
+    recorded = []
+    for block in model.blocks:
+        block.register_forward_hook(lambda _m, _i, out: recorded.append(out.requires_grad))
+    logits, _loss = model(torch.randint(0, 40, (2, 8)))
+    logits.sum().backward()
+    assert recorded == [False, False, False, True]
+    assert all(p.grad is None for p in model.blocks[:3].parameters())
