@@ -42,11 +42,16 @@ def collate(examples: Sequence[tuple[list[int], list[bool]]], pad_id: int,
     return ids[:, :-1], ids[:, 1:], loss_on[:, 1:]
 
 
+def _require_answers(mask: torch.Tensor) -> None:
+    """Refuse a mask (B, T) with no True position: its mean cross-entropy would be NaN."""
+    if not mask.any():
+        raise ValueError("the mask selects no position; every example needs at least one answer token")
+
+
 def masked_loss(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy of ``targets`` (B, T) under ``logits`` (B, T, V) over the positions where
     ``mask`` (B, T) is True: every answer token of the batch weighs the same."""
-    if not mask.any():
-        raise ValueError("the mask selects no position; every example needs at least one answer token")
+    _require_answers(mask)
     return F.cross_entropy(logits[mask].float(), targets[mask])
 
 
@@ -54,8 +59,7 @@ def answer_loss(model: GPT, x: torch.Tensor, targets: torch.Tensor, mask: torch.
     """``masked_loss(model(x)[0], targets, mask)`` for a course GPT, with logits made only where ``mask``
     (B, T) is True: the unembedding is a (D → V) product per position, and with a large vocabulary and a
     long prompt most of them would be thrown away (SmolLM2: V = 49,152; 12 of 38 positions in lesson 13)."""
-    if not mask.any():
-        raise ValueError("the mask selects no position; every example needs at least one answer token")
+    _require_answers(mask)
     if not isinstance(model, GPT):
         raise TypeError(f"answer_loss needs a course GPT (hidden and unembed), got {type(model).__name__}; "
                         "for another model use masked_loss(model(x)[0], targets, mask)")

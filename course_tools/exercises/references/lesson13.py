@@ -454,21 +454,40 @@ def sft_first_step(seed: int, batch_size: int) -> dict[str, tuple[float, float]]
     """{positions scored: (loss, global gradient norm)} of the first step of an SFT loop on the chat model fresh
     from ``seed``, with the contract's first batch (``batch_size`` numbers drawn by a generator seeded with
     ``seed``), for each way of scoring in ``FIRST_STEP_LOSSES``."""
-    train = chat_numbers()[0]
-    picks = torch.randint(len(train), (batch_size,), generator=torch.Generator().manual_seed(seed)).tolist()
-    x, y, mask = sft_batch([[str(train[i]), read_number(train[i])] for i in picks], PAD_ID)
+    numbers = _first_batch(chat_numbers()[0], batch_size, seed)
+    x, y, mask = sft_batch([[str(n), read_number(n)] for n in numbers], PAD_ID)
     real = torch.arange(y.shape[1]) <= (mask * torch.arange(y.shape[1])).amax(1, keepdim=True)  # up to END
     model = chat_model(seed=seed)
-    params = [p for p in model.parameters() if p.requires_grad]
-    out = {}
     with torch_threads(1):
         per_token = F.cross_entropy(model(x)[0].transpose(1, 2), y, reduction="none")
-        for name in FIRST_STEP_LOSSES:
-            loss = _scored(name, per_token, y, mask, real)
-            grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
-            norm = math.sqrt(sum(float(g.double().square().sum()) for g in grads if g is not None))
-            out[name] = (float(loss.detach()), norm)
+        return _losses_and_norms({name: _scored(name, per_token, y, mask, real) for name in FIRST_STEP_LOSSES},
+                                 model)
+
+
+def _first_batch(train: list[int], batch_size: int, seed: int) -> list[int]:
+    """The numbers of a loop's first batch under the exercises' sampling rule: ``batch_size`` indices into
+    ``train`` drawn by torch.randint with a generator seeded with ``seed``."""
+    picks = torch.randint(len(train), (batch_size,), generator=torch.Generator().manual_seed(seed))
+    return [train[i] for i in picks.tolist()]
+
+
+def _losses_and_norms(losses: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, tuple[float, float]]:
+    """{name: (loss, global norm of its gradient over ``model``'s trainable parameters, in float64)}; the
+    losses share one graph, kept until the last."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    out = {}
+    for name, loss in losses.items():
+        grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+        out[name] = (float(loss.detach()), math.sqrt(sum(float(g.double().square().sum()) for g in grads
+                                                         if g is not None)))
     return out
+
+
+def _same_first_step(got: tuple[float, float], expected: tuple[float, float], norm_floor: float = 0.0) -> bool:
+    """Whether a reported first step (loss, gradient norm) is ``expected``: the loss within FIRST_STEP_LOSS_TOL,
+    the norm within FIRST_STEP_NORM_TOL of it (relative) plus ``norm_floor`` (for an expected norm of zero)."""
+    return abs(got[0] - expected[0]) <= FIRST_STEP_LOSS_TOL and \
+        abs(got[1] - expected[1]) <= FIRST_STEP_NORM_TOL * expected[1] + norm_floor
 
 
 def _scored(name: str, per_token: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, real: torch.Tensor) \
@@ -486,15 +505,11 @@ def _scored(name: str, per_token: torch.Tensor, y: torch.Tensor, mask: torch.Ten
 def _first_step_problem(settings: dict, losses: list[float], trace: torch.Tensor) -> str | None:
     """None when the loop's first step scored the answers' positions only, else why not (a hint)."""
     got = (losses[0], float(trace[0, 1]))
-
-    def matches(expected: tuple[float, float]) -> bool:
-        return abs(got[0] - expected[0]) <= FIRST_STEP_LOSS_TOL and \
-            abs(got[1] - expected[1]) <= FIRST_STEP_NORM_TOL * expected[1]
     expected = sft_first_step(settings["seed"], settings["batch_size"])
-    if any(matches(expected[name]) for name, hint in FIRST_STEP_LOSSES.items() if hint is None):
+    if any(_same_first_step(got, expected[name]) for name, hint in FIRST_STEP_LOSSES.items() if hint is None):
         return None
     for name, hint in FIRST_STEP_LOSSES.items():
-        if hint is not None and matches(expected[name]):
+        if hint is not None and _same_first_step(got, expected[name]):
             return _(hint)
     return _("your first step's loss and gradient are not those of the mean cross-entropy over the mask's positions "
              "on the fresh model and the first batch: draw the numbers with torch.randint and the generator seeded "
@@ -622,15 +637,11 @@ def dpo_first_step(reference_state: dict, settings: dict) -> dict[str, tuple[flo
     """{loss written as: (loss, global gradient norm)} of a DPO loop's first step: the policy a copy of
     ``reference_state``, the first batch the exercise's rule draws (``settings["batch_size"]`` numbers of
     FORMAL_TRAIN by a generator seeded with ``settings["seed"]``), for each way in ``DPO_FIRST_STEP``."""
-    train = formal_numbers()[0]
-    picks = torch.randint(len(train), (settings["batch_size"],), generator=torch.Generator().manual_seed(
-        settings["seed"])).tolist()
-    numbers = [train[i] for i in picks]
+    numbers = _first_batch(formal_numbers()[0], settings["batch_size"], settings["seed"])
     chosen = sft_batch([[str(n), read_number_formal(n)] for n in numbers], PAD_ID)
     rejected = sft_batch([[str(n), read_number(n)] for n in numbers], PAD_ID)
     policy = chat_model(reference_state).train()
-    params = [p for p in policy.parameters() if p.requires_grad]
-    beta, out = settings["beta"], {}
+    beta = settings["beta"]
     with torch_threads(1):
         pc, pr = (dpo.sequence_logprobs(policy(x)[0], y, mask) for x, y, mask in (chosen, rejected))
         rc, rr = pc.detach(), pr.detach()
@@ -641,24 +652,16 @@ def dpo_first_step(reference_state: dict, settings: dict) -> dict[str, tuple[flo
                   "sum over pairs": -F.logsigmoid(beta * ((pc - rc) - (pr - rr))).sum(),
                   "mean over tokens": dpo.dpo_loss(pc / tokens_c, pr / tokens_r, rc / tokens_c, rr / tokens_r, beta),
                   "reference moves": dpo.dpo_loss(pc, pr, pc, pr, beta)}
-        for name, loss in losses.items():
-            grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
-            norm = math.sqrt(sum(float(g.double().square().sum()) for g in grads if g is not None))
-            out[name] = (float(loss.detach()), norm)
-    return out
+        return _losses_and_norms(losses, policy)
 
 
 def _dpo_first_step_problem(reference_state: dict, settings: dict, losses: list[float], trace: torch.Tensor) \
         -> str | None:
     """None when the loop's first step is the exercise's DPO loss on the first batch, else why not (a hint)."""
     got = (losses[0], float(trace[0, 1]))
-
-    def matches(expected: tuple[float, float]) -> bool:
-        return abs(got[0] - expected[0]) <= FIRST_STEP_LOSS_TOL and \
-            abs(got[1] - expected[1]) <= FIRST_STEP_NORM_TOL * expected[1] + 1e-6  # 1e-6: the zero norm
     expected = dpo_first_step(reference_state, settings)
     for name, hint in DPO_FIRST_STEP.items():
-        if matches(expected[name]):
+        if _same_first_step(got, expected[name], norm_floor=1e-6):  # 1e-6: the reference-moves loss's zero norm
             return None if hint is None else _(hint)
     if abs(got[0] - math.log(2)) > FIRST_STEP_LOSS_TOL:
         return _("your first loss is {loss:.4f}; it should be ln 2 = 0.6931, since the policy starts as a copy of the "
